@@ -1,0 +1,87 @@
+"""The ``slackwater`` command: one entry point, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from emitter.embedded_broker import BrokerError, EmbeddedBroker
+
+
+class _Stop(Exception):
+    """Raised by the SIGTERM handler so that cleanup runs as on Ctrl-C."""
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    broker = EmbeddedBroker(host=args.host, port=args.port)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        broker.start()
+        print(
+            f"embedded Kafka broker (Tansu) listening; bootstrap servers: "
+            f"{broker.bootstrap_servers}",
+            flush=True,
+        )
+        code = broker.wait()
+        print(f"broker exited with code {code}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, _Stop):
+        print("stopping broker", file=sys.stderr, flush=True)
+        return 0
+    except BrokerError as error:
+        print(f"slackwater broker: {error}", file=sys.stderr)
+        return 1
+    finally:
+        broker.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from spark_consumer.demo import run_demo
+
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        return run_demo()
+    except (KeyboardInterrupt, _Stop):
+        print("demo interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slackwater",
+        description="Keep event time moving when Kafka partitions go quiet or end for good.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    broker = commands.add_parser(
+        "broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground"
+    )
+    broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
+    broker.set_defaults(run=_run_broker)
+
+    demo = commands.add_parser(
+        "demo", help="the embedded broker, markers and the valve, end to end"
+    )
+    demo.set_defaults(run=_run_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The control-topic protocol, version 1 (DESIGN §3).
+
+One record per status change of one data partition:
+
+    key   = "<topic>:<partition>"                    (UTF-8)
+    value = {"v": 1, "topic", "partition", "status", "offset",
+             "watermark_hint", "emitted_at", "emitter_id", "epoch", "seq"}
+
+Other record kinds may travel on the same topic. They carry a ``kind`` field
+that no marker has, and a key of their own (``<kind>:<topic>:<partition>``)
+so that compaction never lets them replace a partition's last marker. The one
+defined here is the finish request that ``slackwater finish`` writes and the
+emitter turns into a FINISHED marker (the emitter stays the only writer of
+markers). Consumers skip every record with a ``kind``; they do not count it
+as malformed.
+
+Decoding is strict: no type coercion, no unknown fields, and every rejection
+raises :class:`MalformedControlRecord` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+PROTOCOL_VERSION = 1
+FINISH_REQUEST_KIND = "finish_request"
+
+# Kafka topic names: 1-249 characters of [a-zA-Z0-9._-] (no ':' so keys split cleanly).
+TopicName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9._-]{1,249}$")]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class MalformedControlRecord(ValueError):
+    """A control record that is not a valid marker or request; the message says why."""
+
+
+class MarkerStatus(enum.StrEnum):
+    """The status a marker announces for its partition from its offset on."""
+
+    ACTIVE = "ACTIVE"
+    IDLE = "IDLE"
+    FINISHED = "FINISHED"
+
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Marker(BaseModel):
+    """A status change of one data partition, aligned to a data offset."""
+
+    model_config = _STRICT
+
+    v: Literal[1] = 1
+    topic: TopicName
+    partition: NonNegativeInt
+    status: MarkerStatus
+    # IDLE@X / FINISHED@X: no data after the record before X (applies once the
+    # consumer's read position reaches X). ACTIVE@X: new data starts at X.
+    offset: NonNegativeInt
+    # Newest record timestamp the emitter knows of (ms); display only.
+    watermark_hint: int | None = None
+    emitted_at: NonNegativeInt
+    emitter_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    # Emitter generation: markers of an older epoch than one seen are ignored.
+    epoch: NonNegativeInt
+    # Per partition, strictly increasing within an epoch.
+    seq: NonNegativeInt
+
+    @property
+    def key(self) -> str:
+        return partition_key(self.topic, self.partition)
+
+
+class FinishRequest(BaseModel):
+    """Asks the emitter to declare a partition FINISHED for ever."""
+
+    model_config = _STRICT
+
+    kind: Literal["finish_request"] = "finish_request"
+    topic: TopicName
+    partition: NonNegativeInt
+    requested_at: NonNegativeInt
+    requested_by: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+    @property
+    def key(self) -> str:
+        return f"{FINISH_REQUEST_KIND}:{partition_key(self.topic, self.partition)}"
+
+
+class OtherRecord(BaseModel):
+    """A record of a kind this version does not know: skipped, not counted as malformed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+
+
+ControlRecord = Marker | FinishRequest | OtherRecord
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def encode(record: Marker | FinishRequest) -> tuple[bytes, bytes]:
+    """The control-topic key and value of a marker or finish request."""
+    return record.key.encode(), record.model_dump_json(exclude_none=False).encode()
+
+
+def decode(key: bytes | str | None, value: bytes | str | None) -> ControlRecord:
+    """Parses one control record; raises MalformedControlRecord saying what is wrong."""
+    if value is None:
+        raise MalformedControlRecord("null value (tombstone)")
+    try:
+        document: Any = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise MalformedControlRecord(f"value is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise MalformedControlRecord(f"value is a JSON {type(document).__name__}, not an object")
+    if "kind" in document:
+        kind = document["kind"]
+        if kind == FINISH_REQUEST_KIND:
+            request = _validate(FinishRequest, value)
+            _check_key(key, request.key)
+            return request
+        if not isinstance(kind, str):
+            raise MalformedControlRecord(f"kind: must be a string, got {kind!r}")
+        return OtherRecord(kind=kind)
+    version = document.get("v")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise MalformedControlRecord(f"v: unknown protocol version {version!r}")
+    status = document.get("status")
+    if isinstance(status, str) and status not in MarkerStatus.__members__:
+        raise MalformedControlRecord(f"status: unknown status {status!r}")
+    marker = _validate(Marker, value)
+    _check_key(key, marker.key)
+    return marker
+
+
+def decode_marker(key: bytes | str | None, value: bytes | str | None) -> Marker:
+    """Like decode(), but anything other than a marker is malformed."""
+    record = decode(key, value)
+    if not isinstance(record, Marker):
+        raise MalformedControlRecord(f"not a marker: kind {record.kind!r}")
+    return record
+
+
+def _validate(model: type[_Model], value: bytes | str) -> _Model:
+    try:
+        # JSON mode: strict types, but enum members from their string values.
+        return model.model_validate_json(value)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "value"
+        raise MalformedControlRecord(f"{field}: {first['msg']}") from None
+
+
+def _check_key(key: bytes | str | None, expected: str) -> None:
+    if isinstance(key, bytes):
+        try:
+            key = key.decode()
+        except UnicodeDecodeError:
+            raise MalformedControlRecord("key is not UTF-8") from None
+    if key != expected:
+        raise MalformedControlRecord(f"key {key!r} does not match value (expected {expected!r})")

@@ -1,0 +1,193 @@
+"""The control-topic protocol (DESIGN §3): strict decoding, one error type, round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emitter.markers import (
+    FinishRequest,
+    MalformedControlRecord,
+    Marker,
+    MarkerStatus,
+    OtherRecord,
+    decode,
+    decode_marker,
+    encode,
+)
+
+VALID: dict[str, Any] = {
+    "v": 1,
+    "topic": "orders",
+    "partition": 3,
+    "status": "IDLE",
+    "offset": 42,
+    "watermark_hint": 1_700_000_000_000,
+    "emitted_at": 1_700_000_000_500,
+    "emitter_id": "emitter-a",
+    "epoch": 2,
+    "seq": 7,
+}
+KEY = b"orders:3"
+
+
+def _value(**changes: Any) -> bytes:
+    document = {**VALID, **changes}
+    return json.dumps({k: v for k, v in document.items() if v is not _DROP}).encode()
+
+
+_DROP = object()
+
+
+def _rejected(key: bytes | None, value: bytes | None) -> str:
+    with pytest.raises(MalformedControlRecord) as caught:
+        decode(key, value)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_marker_decodes_to_its_fields() -> None:
+    marker = decode_marker(KEY, _value())
+    assert marker == Marker(
+        topic="orders",
+        partition=3,
+        status=MarkerStatus.IDLE,
+        offset=42,
+        watermark_hint=1_700_000_000_000,
+        emitted_at=1_700_000_000_500,
+        emitter_id="emitter-a",
+        epoch=2,
+        seq=7,
+    )
+    assert marker.key == "orders:3"
+
+
+def test_watermark_hint_is_optional() -> None:
+    assert decode_marker(KEY, _value(watermark_hint=_DROP)).watermark_hint is None
+
+
+def test_rejects_bad_json() -> None:
+    assert "not JSON" in _rejected(KEY, b'{"v": 1,')
+
+
+def test_rejects_non_utf8_value() -> None:
+    assert "not JSON" in _rejected(KEY, b"\xff\xfe")
+
+
+def test_rejects_json_that_is_not_an_object() -> None:
+    assert "not an object" in _rejected(KEY, b"[1, 2]")
+
+
+def test_rejects_tombstone() -> None:
+    assert "tombstone" in _rejected(KEY, None)
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None, True])
+def test_rejects_unknown_version(version: object) -> None:
+    assert "unknown protocol version" in _rejected(KEY, _value(v=version))
+
+
+def test_rejects_missing_version() -> None:
+    assert "unknown protocol version None" in _rejected(KEY, _value(v=_DROP))
+
+
+@pytest.mark.parametrize("status", ["PAUSED", "idle", ""])
+def test_rejects_unknown_status(status: str) -> None:
+    assert "status" in _rejected(KEY, _value(status=status))
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("partition", "3"),
+        ("offset", 4.5),
+        ("offset", "42"),
+        ("epoch", None),
+        ("seq", True),
+        ("topic", 5),
+        ("emitter_id", ["a"]),
+        ("status", 1),
+        ("watermark_hint", "soon"),
+        ("emitted_at", 1.0),
+    ],
+)
+def test_rejects_wrong_types_naming_the_field(field: str, bad: object) -> None:
+    assert _rejected(KEY, _value(**{field: bad})).startswith(f"{field}:")
+
+
+@pytest.mark.parametrize("field", ["offset", "partition", "epoch", "seq", "emitted_at"])
+def test_rejects_negative_numbers(field: str) -> None:
+    key = b"orders:-1" if field == "partition" else KEY
+    assert _rejected(key, _value(**{field: -1})).startswith(f"{field}:")
+
+
+@pytest.mark.parametrize("field", ["topic", "partition", "status", "offset", "emitter_id"])
+def test_rejects_missing_required_field(field: str) -> None:
+    assert _rejected(KEY, _value(**{field: _DROP})).startswith(f"{field}:")
+
+
+def test_rejects_unknown_field() -> None:
+    assert _rejected(KEY, _value(colour="blue")).startswith("colour:")
+
+
+def test_rejects_invalid_topic_name() -> None:
+    assert _rejected(b"a:b:3", _value(topic="a:b")).startswith("topic:")
+
+
+@pytest.mark.parametrize("key", [b"orders:4", b"other:3", b"orders", None, b"\xff"])
+def test_rejects_key_value_mismatch(key: bytes | None) -> None:
+    message = _rejected(key, _value())
+    assert "key" in message
+
+
+def test_records_with_a_kind_are_not_markers_and_not_malformed() -> None:
+    assert decode(b"whatever", b'{"kind": "heartbeat", "x": 1}') == OtherRecord(kind="heartbeat")
+    with pytest.raises(MalformedControlRecord, match="not a marker"):
+        decode_marker(b"whatever", b'{"kind": "heartbeat"}')
+
+
+def test_finish_request_round_trip_and_own_key() -> None:
+    request = FinishRequest(topic="orders", partition=3, requested_at=5, requested_by="ops")
+    key, value = encode(request)
+    assert key == b"finish_request:orders:3"  # never compacts away the partition's marker
+    assert decode(key, value) == request
+
+
+def test_malformed_finish_request_is_malformed() -> None:
+    value = b'{"kind": "finish_request", "topic": "orders", "partition": -1}'
+    assert _rejected(b"finish_request:orders:-1", value).startswith("partition:")
+
+
+markers = st.builds(
+    Marker,
+    topic=st.from_regex(r"[a-zA-Z0-9._-]{1,40}", fullmatch=True),
+    partition=st.integers(0, 2**31 - 1),
+    status=st.sampled_from(list(MarkerStatus)),
+    offset=st.integers(0, 2**63 - 1),
+    watermark_hint=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+    emitted_at=st.integers(0, 2**63 - 1),
+    emitter_id=st.text(min_size=1, max_size=50),
+    epoch=st.integers(0, 2**63 - 1),
+    seq=st.integers(0, 2**63 - 1),
+)
+
+
+@given(markers)
+def test_decode_encode_round_trip(marker: Marker) -> None:
+    key, value = encode(marker)
+    assert key == f"{marker.topic}:{marker.partition}".encode()
+    assert decode(key, value) == marker
+
+
+@given(st.binary(max_size=200), st.one_of(st.none(), st.binary(max_size=30)))
+def test_arbitrary_bytes_never_raise_anything_but_malformed(
+    value: bytes, key: bytes | None
+) -> None:
+    with contextlib.suppress(MalformedControlRecord):
+        decode(key, value)
