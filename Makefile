@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check emitter spark_consumer tests bench
+	$(BIN)/ruff format --check emitter spark_consumer tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
