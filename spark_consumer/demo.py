@@ -191,41 +191,44 @@ def run_demo() -> int:
     started = time.monotonic()
     with EmbeddedBroker() as broker:
         print(f"embedded broker (Tansu) on {broker.bootstrap_servers}")
-        data_topic, control_topic = "demo-events", "demo-control"
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-        futures = admin.create_topics(
-            [
-                NewTopic(data_topic, num_partitions=PARTITIONS, replication_factor=1),
-                NewTopic(
-                    control_topic,
-                    num_partitions=1,
-                    replication_factor=1,
-                    config={"cleanup.policy": "compact"},
-                ),
-            ]
-        )
-        for future in futures.values():
-            future.result(10)
-        print(f"topics: {data_topic} ({PARTITIONS} partitions), {control_topic} (compacted)")
-        scenario = _Scenario(broker.bootstrap_servers, data_topic, control_topic)
-        reader = _Reader(broker.bootstrap_servers, data_topic, control_topic)
-        try:
-            phases = _phases(scenario)
-            for title, action in phases:
-                print(f"\n== {title}")
-                action()
-                for line in reader.poll_until_quiet():
-                    print(line)
-            valve = reader.valve
-            print(
-                f"\nfinal valve status {valve.status.value}, "
-                f"{_describe(Watermark(valve.watermark))}; "
-                f"{time.monotonic() - started:.1f}s"
-            )
-            ok = valve.status is WatermarkStatus.FINISHED and valve.watermark == MAX_WATERMARK
-        finally:
-            reader.close()
+        # Every client lives inside _play, so all are gone before the broker stops.
+        valve = _play(broker.bootstrap_servers)
+    print(
+        f"\nfinal valve status {valve.status.value}, "
+        f"{_describe(Watermark(valve.watermark))}; {time.monotonic() - started:.1f}s"
+    )
+    ok = valve.status is WatermarkStatus.FINISHED and valve.watermark == MAX_WATERMARK
     return 0 if ok else 1
+
+
+def _play(bootstrap: str) -> StatusWatermarkValve:
+    data_topic, control_topic = "demo-events", "demo-control"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [
+            NewTopic(data_topic, num_partitions=PARTITIONS, replication_factor=1),
+            NewTopic(
+                control_topic,
+                num_partitions=1,
+                replication_factor=1,
+                config={"cleanup.policy": "compact"},
+            ),
+        ]
+    )
+    for future in futures.values():
+        future.result(10)
+    print(f"topics: {data_topic} ({PARTITIONS} partitions), {control_topic} (compacted)")
+    scenario = _Scenario(bootstrap, data_topic, control_topic)
+    reader = _Reader(bootstrap, data_topic, control_topic)
+    try:
+        for title, action in _phases(scenario):
+            print(f"\n== {title}")
+            action()
+            for line in reader.poll_until_quiet():
+                print(line)
+    finally:
+        reader.close()
+    return reader.valve
 
 
 def _phases(s: _Scenario) -> list[tuple[str, Callable[[], None]]]:
