@@ -8,6 +8,13 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from emitter.commands import (
+    add_control_arguments,
+    add_emit_arguments,
+    run_emit,
+    run_finish,
+    run_status,
+)
 from emitter.embedded_broker import BrokerError, EmbeddedBroker
 
 
@@ -69,6 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
     broker.set_defaults(run=_run_broker)
+
+    emit = commands.add_parser(
+        "emit", help="watch partitions and publish IDLE/ACTIVE/FINISHED markers (sidecar)"
+    )
+    add_emit_arguments(emit)
+    emit.set_defaults(run=run_emit)
+
+    finish = commands.add_parser(
+        "finish", help="declare a partition finished for ever (the emitter publishes FINISHED)"
+    )
+    add_control_arguments(finish)
+    finish.add_argument("--topic", required=True)
+    finish.add_argument("--partition", type=int, required=True)
+    finish.set_defaults(run=run_finish)
+
+    status = commands.add_parser(
+        "status", help="print each partition's last marker from the control topic"
+    )
+    add_control_arguments(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=run_status)
 
     demo = commands.add_parser(
         "demo", help="the embedded broker, markers and the valve, end to end"

@@ -1,0 +1,230 @@
+"""``slackwater emit``, ``finish`` and ``status``: argument parsing and output only."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from emitter.config import EmitterConfig
+from emitter.control_topic import (
+    ControlTopicError,
+    ControlTopicReader,
+    ControlTopicWriter,
+    last_marker_per_partition,
+)
+from emitter.markers import FinishRequest, MarkerStatus
+from emitter.settings import ConfigError, load_config, parse_key_values
+
+EXIT_CONFIG = 2
+
+
+def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="settings file (YAML)")
+    parser.add_argument("--bootstrap-servers", metavar="HOST:PORT")
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        metavar="T",
+        help="a data topic to watch (repeat for more)",
+    )
+    parser.add_argument("--control-topic", metavar="C")
+    parser.add_argument("--group", metavar="G", help="consumer group whose lag to watch")
+    parser.add_argument(
+        "--idle-timeout",
+        dest="idle_timeout_ms",
+        metavar="30s",
+        help="log end still this long -> IDLE (default 30s)",
+    )
+    parser.add_argument("--poll-interval", dest="poll_interval_ms", metavar="1s")
+    parser.add_argument("--metrics-host")
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        metavar="KEY=VALUE",
+        help="librdkafka setting, e.g. security.protocol=SASL_SSL (repeat)",
+    )
+    parser.add_argument("--emitter-id", help="identity in markers (default host-random)")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def add_control_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    parser.add_argument("--control-topic", required=True, metavar="C")
+    parser.add_argument("--kafka-config", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+
+
+def run_emit(args: argparse.Namespace) -> int:
+    from emitter.service import Emitter
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cli = {
+        k: v for k, v in vars(args).items() if k not in ("config", "log_level", "run", "command")
+    }
+    try:
+        config = load_config(EmitterConfig, cli, args.config)
+    except ConfigError as error:
+        print(f"slackwater emit: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        logging.getLogger("emitter").info("%s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        emitter = Emitter(config)
+    except KafkaException as error:
+        print(f"slackwater emit: invalid Kafka settings: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as error:
+        print(f"slackwater emit: cannot serve metrics: {error}", file=sys.stderr)
+        return 1
+    return emitter.run(stop)
+
+
+def _kafka_config(args: argparse.Namespace) -> dict[str, str] | None:
+    try:
+        return parse_key_values(args.kafka_config)
+    except ValueError as error:
+        print(
+            f"slackwater {args.command}: invalid config field 'kafka_config': {error}",
+            file=sys.stderr,
+        )
+        return None
+
+
+def run_finish(args: argparse.Namespace) -> int:
+    kafka = _kafka_config(args)
+    if kafka is None:
+        return EXIT_CONFIG
+    if args.partition < 0:
+        print("slackwater finish: invalid config field 'partition': must be >= 0", file=sys.stderr)
+        return EXIT_CONFIG
+    admin = AdminClient({**kafka, "bootstrap.servers": args.bootstrap_servers})
+    try:
+        topics = admin.list_topics(timeout=args.timeout).topics
+    except KafkaException as error:
+        print(f"slackwater finish: broker unreachable: {error}", file=sys.stderr)
+        return 1
+    if args.control_topic not in topics:
+        print(
+            f"slackwater finish: control topic {args.control_topic!r} does not exist "
+            "(start the emitter first)",
+            file=sys.stderr,
+        )
+        return 1
+    data = topics.get(args.topic)
+    if data is None or args.partition not in data.partitions:
+        print(
+            f"slackwater finish: no partition {args.topic}:{args.partition} on the broker",
+            file=sys.stderr,
+        )
+        return 1
+    request = FinishRequest(
+        topic=args.topic,
+        partition=args.partition,
+        requested_at=time.time_ns() // 1_000_000,
+        requested_by=f"{getpass.getuser()}@{socket.gethostname()}",
+    )
+    writer = ControlTopicWriter(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
+    try:
+        writer.write(request)
+    except ControlTopicError as error:
+        print(f"slackwater finish: {error}", file=sys.stderr)
+        return 1
+    finally:
+        writer.close()
+    print(
+        f"finish requested for {args.topic}:{args.partition}; the emitter will publish "
+        "FINISHED at the partition's log end"
+    )
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    kafka = _kafka_config(args)
+    if kafka is None:
+        return EXIT_CONFIG
+    try:
+        reader = ControlTopicReader(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
+    except (KafkaException, KeyError) as error:
+        print(
+            f"slackwater status: cannot read control topic {args.control_topic!r}: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        read = reader.read_to_end()
+    except (ControlTopicError, KafkaException) as error:
+        print(f"slackwater status: {error}", file=sys.stderr)
+        return 1
+    finally:
+        reader.close()
+    latest = last_marker_per_partition(read.records)
+    requested = {(r.topic, r.partition) for r in read.records if isinstance(r, FinishRequest)}
+    rows: list[dict[str, Any]] = []
+    for (topic, partition), marker in sorted(latest.items()):
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "status": marker.status.value,
+                "offset": marker.offset,
+                "since": datetime.fromtimestamp(marker.emitted_at / 1000, tz=UTC).isoformat(
+                    timespec="seconds"
+                ),
+                "emitter_id": marker.emitter_id,
+                "epoch": marker.epoch,
+                "seq": marker.seq,
+                "finish_pending": (topic, partition) in requested
+                and marker.status is not MarkerStatus.FINISHED,
+            }
+        )
+    for topic, partition in sorted(requested - set(latest)):
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "status": None,
+                "offset": None,
+                "since": None,
+                "emitter_id": None,
+                "epoch": None,
+                "seq": None,
+                "finish_pending": True,
+            }
+        )
+    if args.json:
+        print(json.dumps({"partitions": rows, "malformed_records": read.malformed}, indent=2))
+        return 0
+    if not rows:
+        print(f"no markers on {args.control_topic}")
+    for row in rows:
+        note = "  (finish requested)" if row["finish_pending"] else ""
+        print(
+            f"{row['topic']}:{row['partition']:<5} {row['status'] or '-':<8} "
+            f"offset={row['offset']} since={row['since']} emitter={row['emitter_id']} "
+            f"epoch={row['epoch']}{note}"
+        )
+    if read.malformed:
+        print(f"({read.malformed} malformed control records skipped)")
+    return 0

@@ -1,0 +1,82 @@
+"""The emitter's configuration: one frozen model for flags, YAML and SLACKWATER_* variables."""
+
+from __future__ import annotations
+
+import re
+import socket
+import uuid
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+
+from emitter.settings import parse_duration_ms, parse_key_values
+
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+KafkaConfig = Annotated[dict[str, str], BeforeValidator(parse_key_values)]
+_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def _split_topics(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _default_emitter_id() -> str:
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+class EmitterConfig(BaseModel):
+    """Settings of ``slackwater emit``. Durations take '500ms', '3s', '5m'."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = Field(min_length=1)
+    topics: Annotated[list[str], BeforeValidator(_split_topics), Field(min_length=1)]
+    control_topic: str
+    group: str | None = None
+    idle_timeout_ms: DurationMs = 30_000
+    poll_interval_ms: DurationMs = 1_000
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    kafka_config: KafkaConfig = Field(default_factory=dict)
+    emitter_id: str = Field(default_factory=_default_emitter_id, min_length=1)
+    # A topic missing from this many successful metadata polls in a row counts
+    # as deleted (its partitions become FINISHED); one glitch must not finish a topic.
+    deleted_topic_polls: int = Field(default=3, ge=1)
+    request_timeout_ms: DurationMs = 5_000
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            if not _TOPIC.match(topic):
+                raise ValueError(f"not a valid Kafka topic name: {topic!r}")
+        if len(set(topics)) != len(topics):
+            raise ValueError("a topic is listed twice")
+        return topics
+
+    @field_validator("control_topic")
+    @classmethod
+    def _control_topic_name(cls, topic: str, info: ValidationInfo) -> str:
+        if not _TOPIC.match(topic):
+            raise ValueError(f"not a valid Kafka topic name: {topic!r}")
+        if topic in info.data.get("topics", []):
+            raise ValueError("the control topic must not be one of the watched topics")
+        return topic
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_ports(cls, servers: str) -> str:
+        for server in servers.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {servers!r}")
+        return servers

@@ -1,0 +1,233 @@
+"""The control topic: create it, read it back, append markers and requests to it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from emitter.markers import (
+    ControlRecord,
+    FinishRequest,
+    MalformedControlRecord,
+    Marker,
+    MarkerStatus,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ControlTopicError(RuntimeError):
+    """The control topic could not be created, read or written."""
+
+
+def ensure_control_topic(admin: AdminClient, name: str, timeout_s: float) -> bool:
+    """Creates the topic compacted if missing; returns True if it had to be created.
+
+    An existing topic that is not compacted is used as it is, with a warning:
+    changing a topic's retention is the operator's decision, not ours.
+    """
+    metadata = admin.list_topics(timeout=timeout_s)
+    existing = metadata.topics.get(name)
+    if existing is not None and existing.error is None:
+        _warn_unless_compacted(admin, name, timeout_s)
+        return False
+    topic = NewTopic(
+        name, num_partitions=1, replication_factor=-1, config={"cleanup.policy": "compact"}
+    )
+    future = admin.create_topics([topic], request_timeout=timeout_s)[name]
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as error:
+        if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise ControlTopicError(f"cannot create control topic {name!r}: {error}") from error
+    return True
+
+
+def _warn_unless_compacted(admin: AdminClient, name: str, timeout_s: float) -> None:
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    try:
+        configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+        policy = configs.result(timeout=timeout_s).get("cleanup.policy")
+    except Exception as error:
+        log.info("could not read cleanup.policy of %s: %s", name, error)
+        return
+    if policy is not None and "compact" not in str(policy.value):
+        log.warning(
+            "control topic %s has cleanup.policy=%s, not compact: old markers may "
+            "expire and a restarted consumer would not see a partition's status",
+            name,
+            policy.value,
+        )
+
+
+@dataclass
+class ReadBack:
+    """Records read from the control topic, in log order, and the malformed count."""
+
+    records: list[ControlRecord] = field(default_factory=list)
+    malformed: int = 0
+
+
+class ControlTopicReader:
+    """Reads every partition of the control topic from the beginning, then follows it."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        kafka_config: dict[str, str],
+        timeout_s: float,
+        on_malformed: Callable[[str], None] | None = None,
+    ) -> None:
+        self._topic = topic
+        self._timeout_s = timeout_s
+        self._on_malformed = on_malformed
+        self._consumer = Consumer(
+            {
+                **kafka_config,
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": f"slackwater-control-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+            }
+        )
+        metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        partitions = metadata.topics[topic].partitions
+        self._partitions = [TopicPartition(topic, p, 0) for p in partitions]
+        self._consumer.assign(self._partitions)
+
+    def read_to_end(self) -> ReadBack:
+        """Everything up to the end of every partition as of now."""
+        ends: dict[int, int] = {}
+        for tp in self._partitions:
+            _, high = self._consumer.get_watermark_offsets(tp, timeout=self._timeout_s)
+            ends[tp.partition] = high
+        positions = dict.fromkeys(ends, 0)
+        read = ReadBack()
+        deadline = time.monotonic() + max(30.0, self._timeout_s * 6)
+        while any(positions[p] < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise ControlTopicError(f"timed out reading back control topic {self._topic!r}")
+            message = self._consumer.poll(0.2)
+            if message is None:
+                continue
+            self._take(message, read)
+            partition, offset = message.partition(), message.offset()
+            if partition is not None and offset is not None:
+                positions[partition] = offset + 1
+        return read
+
+    def poll_new(self, max_records: int = 1_000) -> ReadBack:
+        """Whatever arrived since the last call; does not wait."""
+        read = ReadBack()
+        for message in self._consumer.consume(num_messages=max_records, timeout=0):
+            self._take(message, read)
+        return read
+
+    def _take(self, message: Message, read: ReadBack) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("control topic read error: %s", error)
+            return
+        try:
+            read.records.append(decode(message.key(), message.value()))
+        except MalformedControlRecord as malformed:
+            read.malformed += 1
+            log.warning(
+                "skipping malformed control record at %s[%s]@%s: %s",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                malformed,
+            )
+            if self._on_malformed is not None:
+                self._on_malformed(str(malformed))
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class ControlTopicWriter:
+    """Appends markers and requests one at a time, each confirmed before the next."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        kafka_config: dict[str, str],
+        delivery_timeout_s: float,
+    ) -> None:
+        self._topic = topic
+        self._delivery_timeout_s = delivery_timeout_s
+        self._producer = Producer(
+            {
+                **kafka_config,
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                # Markers are rare and ordered: each its own request (DESIGN §4).
+                "linger.ms": 0,
+                "message.timeout.ms": int(delivery_timeout_s * 1000),
+            }
+        )
+
+    def write(self, record: Marker | FinishRequest) -> None:
+        """Returns once the broker acknowledged the record; raises ControlTopicError if not."""
+        key, value = encode(record)
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            outcome["error"] = error
+            done.set()
+
+        try:
+            self._producer.produce(self._topic, key=key, value=value, on_delivery=delivered)
+        except (BufferError, KafkaException) as error:
+            raise ControlTopicError(f"cannot queue control record: {error}") from error
+        # Wait for the delivery report itself (success or failure), never just a
+        # flush timeout: a record still queued could land after we gave up on it.
+        deadline = time.monotonic() + self._delivery_timeout_s + 5
+        while not done.is_set() and time.monotonic() < deadline:
+            self._producer.poll(0.1)
+        if not done.is_set():
+            raise ControlTopicError("no delivery report for a control record")
+        if outcome["error"] is not None:
+            raise ControlTopicError(f"control record not delivered: {outcome['error']}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._producer.flush(timeout_s)
+
+
+def last_marker_per_partition(records: Iterable[ControlRecord]) -> dict[tuple[str, int], Marker]:
+    """The marker a consumer would hold last for each partition.
+
+    Markers of an older epoch than one already seen for the partition, and
+    anything after FINISHED, are ignored, as consumers ignore them (DESIGN §3).
+    """
+    latest: dict[tuple[str, int], Marker] = {}
+    for record in records:
+        if not isinstance(record, Marker):
+            continue
+        key = (record.topic, record.partition)
+        held = latest.get(key)
+        if held is None:
+            latest[key] = record
+        elif held.status is MarkerStatus.FINISHED:
+            continue  # FINISHED is terminal: what follows it is a violation
+        elif record.epoch >= held.epoch:
+            latest[key] = record
+    return latest

@@ -1,0 +1,77 @@
+"""A small HTTP server for ``/metrics`` and JSON views, on one port, in a thread."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
+
+JsonView = Callable[[], Any]
+
+
+class MetricsServer:
+    """Serves ``/metrics`` from a registry and each JSON view at its path."""
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, json_views: dict[str, JsonView]
+    ) -> None:
+        handler = _handler_class(registry, json_views)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.server_address[1]
+        return port
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler_class(
+    registry: CollectorRegistry, json_views: dict[str, JsonView]
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                if path == "/metrics":
+                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                    self._send(200, content_type, encoder(registry))
+                elif path in json_views:
+                    body = json.dumps(json_views[path](), indent=2, default=str)
+                    self._send(200, "application/json", body.encode())
+                else:
+                    paths = ", ".join(["/metrics", *json_views])
+                    self._send(404, "text/plain", f"not found; try {paths}\n".encode())
+            except Exception:  # the server must outlive any one bad scrape
+                log.exception("error serving %s", path)
+                self._send(500, "text/plain", b"internal error\n")
+
+        def _send(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    return Handler

@@ -1,0 +1,185 @@
+"""Every metric the emitter exports, in one place (listed in docs/metrics.md).
+
+Counters and the histogram are updated as things happen. Per-partition values
+(up to tens of thousands of series) are not pushed into labelled gauges on
+every poll; a collector reads them from the emitter's state when Prometheus
+scrapes, as kminion's exporter does, so a poll costs nothing for metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from emitter.markers import MarkerStatus
+
+PREFIX = "slackwater_emitter_"
+
+# The *_created series double the output and no dashboard of ours reads them.
+disable_created_metrics()
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    topic: str
+    partition: int
+    status: MarkerStatus
+    log_end_offset: int | None
+    still_seconds: float
+    lag_offsets: int | None
+    lag_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the collector exports at scrape time; the service builds it under its lock."""
+
+    group: str | None = None
+    partitions: list[PartitionRow] = field(default_factory=list)
+    missing_topics: list[str] = field(default_factory=list)
+    partitions_without_owner: int | None = None
+    members_without_partitions: int | None = None
+
+
+class EmitterMetrics:
+    def __init__(
+        self, snapshot: Callable[[], Snapshot], registry: CollectorRegistry | None = None
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.broker_up = Gauge(
+            PREFIX + "broker_up",
+            "1 if the last poll reached the broker (metadata answered), else 0.",
+            registry=r,
+        )
+        self.info = Info(
+            PREFIX + "build", "Emitter identity: id, epoch, control topic.", registry=r
+        )
+        self.epoch = Gauge(PREFIX + "epoch", "This emitter's generation (fencing).", registry=r)
+        self.fenced = Gauge(
+            PREFIX + "fenced",
+            "1 if a newer emitter wrote to the control topic and this one stopped publishing.",
+            registry=r,
+        )
+        self.markers_published = Counter(
+            PREFIX + "markers_published",
+            "Markers acknowledged by the broker, by status.",
+            ["status"],
+            registry=r,
+        )
+        self.marker_publish_failures = Counter(
+            PREFIX + "marker_publish_failures",
+            "Markers the broker did not acknowledge (proposed again next poll).",
+            registry=r,
+        )
+        self.poll_duration = Histogram(
+            PREFIX + "poll_duration_seconds",
+            "Wall time of one poll of the broker.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.poll_errors = Counter(
+            PREFIX + "poll_errors",
+            "Failed Admin API requests, by request kind.",
+            ["request"],
+            registry=r,
+        )
+        self.control_records_malformed = Counter(
+            PREFIX + "control_records_malformed",
+            "Control-topic records skipped because they are not valid markers or requests.",
+            registry=r,
+        )
+        self.finish_requests = Counter(
+            PREFIX + "finish_requests", "Finish requests read from the control topic.", registry=r
+        )
+        for status in MarkerStatus:
+            self.markers_published.labels(status.value)
+        for request in ("metadata", "list_offsets", "group_offsets", "describe_group"):
+            self.poll_errors.labels(request)
+        r.register(_StateCollector(snapshot))
+
+
+class _StateCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        labels = ["topic", "partition"]
+        status = GaugeMetricFamily(
+            PREFIX + "partition_status",
+            "1 for the partition's current status (ACTIVE, IDLE or FINISHED), 0 for the others.",
+            labels=[*labels, "status"],
+        )
+        log_end = GaugeMetricFamily(
+            PREFIX + "partition_log_end_offset", "Log end offset of the partition.", labels=labels
+        )
+        still = GaugeMetricFamily(
+            PREFIX + "partition_still_seconds",
+            "Seconds the log end has not moved, counted over successful polls only.",
+            labels=labels,
+        )
+        group_labels = ["group", "topic", "partition"]
+        lag_offsets = GaugeMetricFamily(
+            PREFIX + "group_lag_offsets",
+            "Log end minus the group's committed offset.",
+            labels=group_labels,
+        )
+        lag_seconds = GaugeMetricFamily(
+            PREFIX + "group_lag_seconds",
+            "Estimated seconds since the log end passed the committed offset "
+            "(interpolated on the log end timeline).",
+            labels=group_labels,
+        )
+        for row in snap.partitions:
+            key = [row.topic, str(row.partition)]
+            for candidate in MarkerStatus:
+                status.add_metric([*key, candidate.value], 1.0 if candidate is row.status else 0.0)
+            if row.log_end_offset is not None:
+                log_end.add_metric(key, row.log_end_offset)
+                still.add_metric(key, row.still_seconds)
+            if snap.group is not None and row.lag_offsets is not None:
+                lag_offsets.add_metric([snap.group, *key], row.lag_offsets)
+            if snap.group is not None and row.lag_seconds is not None:
+                lag_seconds.add_metric([snap.group, *key], row.lag_seconds)
+        yield from (status, log_end, still, lag_offsets, lag_seconds)
+        yield GaugeMetricFamily(
+            PREFIX + "watched_partitions",
+            "Partitions of the watched topics being tracked.",
+            value=len(snap.partitions),
+        )
+        missing = GaugeMetricFamily(
+            PREFIX + "topic_missing",
+            "1 for a watched topic that does not exist (yet); retried every poll.",
+            labels=["topic"],
+        )
+        for topic in snap.missing_topics:
+            missing.add_metric([topic], 1.0)
+        yield missing
+        unowned = GaugeMetricFamily(
+            PREFIX + "partitions_without_owner",
+            "Watched partitions that no member of the group is assigned.",
+            labels=["group"],
+        )
+        idle_members = GaugeMetricFamily(
+            PREFIX + "group_members_without_partitions",
+            "Group members assigned none of the watched partitions.",
+            labels=["group"],
+        )
+        if snap.group is not None and snap.partitions_without_owner is not None:
+            unowned.add_metric([snap.group], snap.partitions_without_owner)
+        if snap.group is not None and snap.members_without_partitions is not None:
+            idle_members.add_metric([snap.group], snap.members_without_partitions)
+        yield unowned
+        yield idle_members

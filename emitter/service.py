@@ -1,0 +1,383 @@
+"""``slackwater emit``: the poll loop around the pure :class:`Detector`.
+
+Each poll: read what is new on the control topic (finish requests, a newer
+emitter), read the broker's view (one request per kind), let the detector
+decide, publish its proposals one by one (each acknowledged before it
+counts), and keep what metrics and ``/status`` show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from emitter.config import EmitterConfig
+from emitter.control_topic import (
+    ControlTopicError,
+    ControlTopicReader,
+    ControlTopicWriter,
+    ReadBack,
+    ensure_control_topic,
+    last_marker_per_partition,
+)
+from emitter.detector import Detector, Observation, Proposal
+from emitter.http_server import MetricsServer
+from emitter.lag import LogEndTimeline, Ownership, lag_offsets, ownership
+from emitter.markers import FinishRequest, Marker
+from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
+from emitter.observer import BrokerObserver, BrokerView
+
+log = logging.getLogger(__name__)
+
+TopicPartitionKey = tuple[str, int]
+
+
+def _iso(wall_ms: int | None) -> str | None:
+    if wall_ms is None:
+        return None
+    return datetime.fromtimestamp(wall_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+class Emitter:
+    """One emitter process: state, Kafka clients, metrics."""
+
+    def __init__(
+        self,
+        config: EmitterConfig,
+        monotonic_s: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.config = config
+        self._monotonic_s = monotonic_s
+        self._wall_ms = wall_ms
+        self.detector = Detector(
+            idle_timeout_s=config.idle_timeout_ms / 1000,
+            deleted_topic_polls=config.deleted_topic_polls,
+        )
+        self.epoch: int | None = None
+        self.fenced = False
+        self.broker_up = False
+        self.metrics_port: int | None = None
+        self._lock = threading.Lock()
+        self._timelines: dict[TopicPartitionKey, LogEndTimeline] = {}
+        self._committed: dict[TopicPartitionKey, int] = {}
+        self._ownership: Ownership | None = None
+        self.metrics = EmitterMetrics(self.snapshot)
+        self._timeout_s = config.request_timeout_ms / 1000
+        kafka: dict[str, str | int | float | bool] = {
+            **config.kafka_config,
+            "bootstrap.servers": config.bootstrap_servers,
+        }
+        self._admin = AdminClient(kafka)
+        self._observer = BrokerObserver(self._admin, self._timeout_s)
+        self._reader: ControlTopicReader | None = None
+        self._writer: ControlTopicWriter | None = None
+
+    # --------------------------------------------------------------- start-up
+
+    def connect(self, stop: threading.Event) -> bool:
+        """Creates / reads back the control topic; retries while the broker is away.
+
+        Returns False if ``stop`` was set before the broker could be reached.
+        """
+        config = self.config
+        while not stop.is_set():
+            try:
+                if ensure_control_topic(self._admin, config.control_topic, self._timeout_s):
+                    log.info(
+                        "created control topic %s (cleanup.policy=compact)", config.control_topic
+                    )
+                reader = ControlTopicReader(
+                    config.bootstrap_servers,
+                    config.control_topic,
+                    config.kafka_config,
+                    self._timeout_s,
+                )
+                read_back = reader.read_to_end()
+            except (KafkaException, ControlTopicError, KeyError) as error:
+                self._set_broker_up(False)
+                log.warning("cannot read the control topic yet (%s); retrying", error)
+                stop.wait(config.poll_interval_ms / 1000)
+                continue
+            self._reader = reader
+            self._restore(read_back)
+            self._writer = ControlTopicWriter(
+                config.bootstrap_servers,
+                config.control_topic,
+                config.kafka_config,
+                delivery_timeout_s=max(self._timeout_s * 2, 10.0),
+            )
+            return True
+        return False
+
+    def _restore(self, read_back: ReadBack) -> None:
+        markers = [r for r in read_back.records if isinstance(r, Marker)]
+        latest = last_marker_per_partition(read_back.records)
+        self.epoch = max((m.epoch for m in markers), default=0) + 1
+        with self._lock:
+            self.detector.restore(latest.values())
+            for record in read_back.records:
+                if isinstance(record, FinishRequest):
+                    self.detector.request_finish(record.topic, record.partition)
+        self.metrics.control_records_malformed.inc(read_back.malformed)
+        self.metrics.epoch.set(self.epoch)
+        self.metrics.info.info(
+            {
+                "emitter_id": self.config.emitter_id,
+                "epoch": str(self.epoch),
+                "control_topic": self.config.control_topic,
+            }
+        )
+        log.info(
+            "read back %d control records (%d partitions with markers); epoch %d",
+            len(read_back.records),
+            len(latest),
+            self.epoch,
+        )
+
+    # ------------------------------------------------------------------- poll
+
+    def poll_once(self) -> list[Marker]:
+        """One poll; returns the markers published by it."""
+        started = time.perf_counter()
+        assert self._reader is not None, "connect() first"
+        self._follow_control_topic(self._reader.poll_new())
+        view = self._observer.observe(self.config.topics, self.config.group)
+        self._set_broker_up(view.reachable)
+        for request in view.errors:
+            self.metrics.poll_errors.labels(request).inc()
+        if view.errors:
+            log.warning("poll errors: %s", view.errors)
+        observation = Observation(
+            monotonic_s=self._monotonic_s(),
+            wall_ms=self._wall_ms(),
+            log_end_offsets=view.log_end_offsets,
+            topics=view.topics,
+        )
+        with self._lock:
+            proposals = self.detector.observe(observation, self.config.topics)
+            self._track_group(view, observation.wall_ms)
+        published = self._publish(proposals)
+        self.metrics.poll_duration.observe(time.perf_counter() - started)
+        return published
+
+    def _set_broker_up(self, up: bool) -> None:
+        self.broker_up = up
+        self.metrics.broker_up.set(1 if up else 0)
+
+    def _follow_control_topic(self, read: ReadBack) -> None:
+        self.metrics.control_records_malformed.inc(read.malformed)
+        for record in read.records:
+            if isinstance(record, FinishRequest):
+                self.metrics.finish_requests.inc()
+                log.info(
+                    "finish requested for %s:%d by %s",
+                    record.topic,
+                    record.partition,
+                    record.requested_by,
+                )
+                with self._lock:
+                    self.detector.request_finish(record.topic, record.partition)
+            elif (
+                isinstance(record, Marker)
+                and self.epoch is not None
+                and record.epoch > self.epoch
+                and not self.fenced
+            ):
+                self.fenced = True
+                self.metrics.fenced.set(1)
+                log.error(
+                    "emitter %s (epoch %d) wrote to %s: this emitter (epoch %d) is fenced "
+                    "and stops publishing",
+                    record.emitter_id,
+                    record.epoch,
+                    self.config.control_topic,
+                    self.epoch,
+                )
+
+    def _track_group(self, view: BrokerView, wall_ms: int) -> None:
+        if self.config.group is None:
+            return
+        for key, log_end in view.log_end_offsets.items():
+            self._timelines.setdefault(key, LogEndTimeline()).record(wall_ms, log_end)
+        if view.committed_offsets is not None:
+            self._committed = view.committed_offsets
+        if view.assignment is not None:
+            self._ownership = ownership(self.detector.partitions, view.assignment)
+
+    def _publish(self, proposals: list[Proposal]) -> list[Marker]:
+        published: list[Marker] = []
+        if self.fenced or not proposals:
+            return published
+        assert self._writer is not None and self.epoch is not None
+        seen: set[TopicPartitionKey] = set()
+        for proposal in proposals:
+            key = (proposal.topic, proposal.partition)
+            if key in seen:
+                continue
+            seen.add(key)
+            with self._lock:
+                state = self.detector.partitions[key]
+                seq = state.seq
+            marker = Marker(
+                topic=proposal.topic,
+                partition=proposal.partition,
+                status=proposal.status,
+                offset=proposal.offset,
+                emitted_at=self._wall_ms(),
+                emitter_id=self.config.emitter_id,
+                epoch=self.epoch,
+                seq=seq,
+            )
+            try:
+                self._writer.write(marker)
+            except ControlTopicError as error:
+                self.metrics.marker_publish_failures.inc()
+                log.warning(
+                    "marker %s@%d for %s:%d not published (%s); retrying next poll",
+                    marker.status,
+                    marker.offset,
+                    marker.topic,
+                    marker.partition,
+                    error,
+                )
+                break  # the broker is likely away: the rest wait for the next poll
+            with self._lock:
+                self.detector.published(marker)
+            self.metrics.markers_published.labels(marker.status.value).inc()
+            log.info(
+                "published %s@%d for %s:%d (%s)",
+                marker.status,
+                marker.offset,
+                marker.topic,
+                marker.partition,
+                proposal.reason,
+            )
+            published.append(marker)
+        return published
+
+    # ------------------------------------------------------------------ views
+
+    def snapshot(self) -> Snapshot:
+        now_ms = self._wall_ms()
+        with self._lock:
+            rows = []
+            for (topic, partition), state in sorted(self.detector.partitions.items()):
+                committed = self._committed.get((topic, partition))
+                timeline = self._timelines.get((topic, partition))
+                rows.append(
+                    PartitionRow(
+                        topic=topic,
+                        partition=partition,
+                        status=state.status,
+                        log_end_offset=state.log_end_offset,
+                        still_seconds=state.still_s,
+                        lag_offsets=(
+                            lag_offsets(state.log_end_offset, committed)
+                            if state.log_end_offset is not None
+                            else None
+                        ),
+                        lag_seconds=(
+                            timeline.lag_seconds(committed, now_ms)
+                            if timeline is not None and committed is not None
+                            else None
+                        ),
+                    )
+                )
+            owners = self._ownership
+            return Snapshot(
+                group=self.config.group,
+                partitions=rows,
+                missing_topics=sorted(self.detector.missing_topics),
+                partitions_without_owner=(len(owners.partitions_without_owner) if owners else None),
+                members_without_partitions=(
+                    len(owners.members_without_partitions) if owners else None
+                ),
+            )
+
+    def status_view(self) -> dict[str, Any]:
+        """The JSON of ``GET /status``."""
+        snap = self.snapshot()
+        with self._lock:
+            markers = {k: s.last_marker for k, s in self.detector.partitions.items()}
+            requested = {k for k, s in self.detector.partitions.items() if s.finish_requested}
+        partitions = []
+        for row in snap.partitions:
+            marker = markers.get((row.topic, row.partition))
+            partitions.append(
+                {
+                    "topic": row.topic,
+                    "partition": row.partition,
+                    "status": row.status.value,
+                    "offset": marker.offset if marker else None,
+                    "since": _iso(marker.emitted_at) if marker else None,
+                    "marker_emitter_id": marker.emitter_id if marker else None,
+                    "marker_epoch": marker.epoch if marker else None,
+                    "log_end_offset": row.log_end_offset,
+                    "still_seconds": round(row.still_seconds, 3),
+                    "lag_offsets": row.lag_offsets,
+                    "lag_seconds": None if row.lag_seconds is None else round(row.lag_seconds, 3),
+                    "finish_requested": (row.topic, row.partition) in requested,
+                }
+            )
+        return {
+            "emitter_id": self.config.emitter_id,
+            "epoch": self.epoch,
+            "fenced": self.fenced,
+            "control_topic": self.config.control_topic,
+            "group": self.config.group,
+            "broker_up": self.broker_up,
+            "missing_topics": snap.missing_topics,
+            "partitions_without_owner": snap.partitions_without_owner,
+            "members_without_partitions": snap.members_without_partitions,
+            "partitions": partitions,
+        }
+
+    # ------------------------------------------------------------------- run
+
+    def run(self, stop: threading.Event, ready: threading.Event | None = None) -> int:
+        """Serves metrics, connects, polls until ``stop``; flushes and returns 0."""
+        server = MetricsServer(
+            self.config.metrics_host,
+            self.config.metrics_port,
+            self.metrics.registry,
+            {"/status": self.status_view},
+        ).start()
+        self.metrics_port = server.port
+        log.info(
+            "metrics on http://%s:%d/metrics, status on /status",
+            self.config.metrics_host,
+            server.port,
+        )
+        try:
+            if not self.connect(stop):
+                return 0
+            if ready is not None:
+                ready.set()
+            interval_s = self.config.poll_interval_ms / 1000
+            while not stop.is_set():
+                began = time.monotonic()
+                try:
+                    self.poll_once()
+                except Exception:  # a poll must never end the service
+                    log.exception("poll failed")
+                stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
+            return 0
+        finally:
+            self.close()
+            server.stop()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

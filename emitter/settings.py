@@ -1,0 +1,104 @@
+"""Loading a service's frozen pydantic config from YAML, ``SLACKWATER_*`` and flags.
+
+Precedence, lowest first: field defaults < ``--config FILE.yaml`` <
+``SLACKWATER_<FIELD>`` environment variables < command-line flags. Unknown
+YAML keys are errors (the models forbid extra fields). Every problem becomes
+one :class:`ConfigError` line naming the field, which the CLI turns into
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+ENV_PREFIX = "SLACKWATER_"
+
+_Config = TypeVar("_Config", bound=BaseModel)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, one line, naming the field."""
+
+
+def parse_duration_ms(value: object) -> int:
+    """'500ms', '3s', '5m', '1h' (or a bare number of milliseconds) -> milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+        if value.strip().isdigit():
+            return int(value)
+    raise ValueError(f"not a duration like 500ms, 3s or 5m: {value!r}")
+
+
+def parse_key_values(items: object) -> dict[str, str]:
+    """['k=v', ...] or 'k=v,k2=v2' or a mapping -> {k: v} (librdkafka settings)."""
+    if isinstance(items, Mapping):
+        return {str(k): str(v) for k, v in items.items()}
+    if isinstance(items, str):
+        items = [part for part in items.split(",") if part.strip()]
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"expected KEY=VALUE pairs, got {items!r}")
+    result: dict[str, str] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def load_config(
+    model: type[_Config],
+    cli_values: Mapping[str, Any],
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> _Config:
+    """Merges the sources (see module docstring) and validates once."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(_read_yaml(Path(config_file)))
+    env = os.environ if environ is None else environ
+    for field in model.model_fields:
+        env_name = ENV_PREFIX + field.upper()
+        if env_name in env:
+            merged[field] = env[env_name]
+    merged.update({k: v for k, v in cli_values.items() if v is not None})
+    try:
+        return model.model_validate(merged)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "config"
+        message = first["msg"].removeprefix("Value error, ")
+        extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ConfigError(f"invalid config field '{field}': {message}{extra}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        message = f"config file {path} is not valid YAML: {error}".replace("\n", " ")
+        raise ConfigError(message) from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return {str(key).replace("-", "_"): value for key, value in document.items()}
