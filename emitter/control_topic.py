@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from emitter.markers import (
     ControlRecord,
+    EpochClaim,
     FinishRequest,
     MalformedControlRecord,
     Marker,
@@ -129,6 +130,24 @@ class ControlTopicReader:
                 positions[partition] = offset + 1
         return read
 
+    def read_until(
+        self,
+        predicate: Callable[[ControlRecord], bool],
+        timeout_s: float,
+    ) -> ReadBack:
+        """Reads on until a record matching ``predicate`` arrives (included)."""
+        read = ReadBack()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = self._consumer.poll(0.1)
+            if message is None:
+                continue
+            before = len(read.records)
+            self._take(message, read)
+            if len(read.records) > before and predicate(read.records[-1]):
+                return read
+        raise ControlTopicError(f"timed out reading control topic {self._topic!r}")
+
     def poll_new(self, max_records: int = 1_000) -> ReadBack:
         """Whatever arrived since the last call; does not wait."""
         read = ReadBack()
@@ -184,7 +203,7 @@ class ControlTopicWriter:
             }
         )
 
-    def write(self, record: Marker | FinishRequest) -> None:
+    def write(self, record: Marker | FinishRequest | EpochClaim) -> None:
         """Returns once the broker acknowledged the record; raises ControlTopicError if not."""
         key, value = encode(record)
         outcome: dict[str, Any] = {}
@@ -210,6 +229,44 @@ class ControlTopicWriter:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.flush(timeout_s)
+
+
+def claim_epoch(
+    reader: ControlTopicReader,
+    writer: ControlTopicWriter,
+    emitter_id: str,
+    history: list[ControlRecord],
+    *,
+    wall_ms: int,
+    timeout_s: float,
+) -> tuple[int, ReadBack]:
+    """Takes an epoch above every epoch in ``history``; the first claim of an epoch wins.
+
+    Returns the epoch and what was read while claiming (other records may
+    have arrived meanwhile: finish requests, say).
+    """
+    seen = list(history)
+    read_meanwhile = ReadBack()
+    for _ in range(10):
+        epoch = 1 + max((r.epoch for r in seen if isinstance(r, Marker | EpochClaim)), default=0)
+        writer.write(EpochClaim(emitter_id=emitter_id, epoch=epoch, claimed_at=wall_ms))
+        read = reader.read_until(
+            lambda r, e=epoch: (
+                isinstance(r, EpochClaim)  # type: ignore[misc]
+                and r.emitter_id == emitter_id
+                and r.epoch == e
+            ),
+            timeout_s,
+        )
+        read_meanwhile.records += read.records
+        read_meanwhile.malformed += read.malformed
+        rivals = [
+            r for r in read.records[:-1] if isinstance(r, Marker | EpochClaim) and r.epoch >= epoch
+        ]
+        if not rivals:
+            return epoch, read_meanwhile
+        seen += read.records
+    raise ControlTopicError("could not claim an epoch: other emitters keep claiming")
 
 
 def last_marker_per_partition(records: Iterable[ControlRecord]) -> dict[tuple[str, int], Marker]:

@@ -7,12 +7,13 @@ One record per status change of one data partition:
              "watermark_hint", "emitted_at", "emitter_id", "epoch", "seq"}
 
 Other record kinds may travel on the same topic. They carry a ``kind`` field
-that no marker has, and a key of their own (``<kind>:<topic>:<partition>``)
-so that compaction never lets them replace a partition's last marker. The one
-defined here is the finish request that ``slackwater finish`` writes and the
-emitter turns into a FINISHED marker (the emitter stays the only writer of
-markers). Consumers skip every record with a ``kind``; they do not count it
-as malformed.
+that no marker has, and a key of their own, so that compaction never lets
+them replace a partition's last marker. Two are defined here: the finish
+request that ``slackwater finish`` writes and the emitter turns into a
+FINISHED marker (the emitter stays the only writer of markers), keyed
+``finish_request:<topic>:<partition>``; and the epoch claim an emitter writes
+at start, keyed ``epoch_claim``. Consumers skip every record with a ``kind``;
+they do not count it as malformed.
 
 Decoding is strict: no type coercion, no unknown fields, and every rejection
 raises :class:`MalformedControlRecord` with a one-line reason.
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 PROTOCOL_VERSION = 1
 FINISH_REQUEST_KIND = "finish_request"
+EPOCH_CLAIM_KIND = "epoch_claim"
 
 # Kafka topic names: 1-249 characters of [a-zA-Z0-9._-] (no ':' so keys split cleanly).
 TopicName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9._-]{1,249}$")]
@@ -94,6 +96,26 @@ class FinishRequest(BaseModel):
         return f"{FINISH_REQUEST_KIND}:{partition_key(self.topic, self.partition)}"
 
 
+class EpochClaim(BaseModel):
+    """An emitter taking a generation number before it writes any marker.
+
+    All claims share one key, so compaction keeps the newest; the first claim
+    of an epoch in log order owns it, and an emitter that sees a newer claim
+    than its own knows it is fenced.
+    """
+
+    model_config = _STRICT
+
+    kind: Literal["epoch_claim"] = "epoch_claim"
+    emitter_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    epoch: NonNegativeInt
+    claimed_at: NonNegativeInt
+
+    @property
+    def key(self) -> str:
+        return EPOCH_CLAIM_KIND
+
+
 class OtherRecord(BaseModel):
     """A record of a kind this version does not know: skipped, not counted as malformed."""
 
@@ -102,15 +124,15 @@ class OtherRecord(BaseModel):
     kind: str
 
 
-ControlRecord = Marker | FinishRequest | OtherRecord
+ControlRecord = Marker | FinishRequest | EpochClaim | OtherRecord
 
 
 def partition_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
 
-def encode(record: Marker | FinishRequest) -> tuple[bytes, bytes]:
-    """The control-topic key and value of a marker or finish request."""
+def encode(record: Marker | FinishRequest | EpochClaim) -> tuple[bytes, bytes]:
+    """The control-topic key and value of a marker, finish request or epoch claim."""
     return record.key.encode(), record.model_dump_json(exclude_none=False).encode()
 
 
@@ -130,6 +152,10 @@ def decode(key: bytes | str | None, value: bytes | str | None) -> ControlRecord:
             request = _validate(FinishRequest, value)
             _check_key(key, request.key)
             return request
+        if kind == EPOCH_CLAIM_KIND:
+            claim = _validate(EpochClaim, value)
+            _check_key(key, claim.key)
+            return claim
         if not isinstance(kind, str):
             raise MalformedControlRecord(f"kind: must be a string, got {kind!r}")
         return OtherRecord(kind=kind)

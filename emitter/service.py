@@ -24,6 +24,7 @@ from emitter.control_topic import (
     ControlTopicReader,
     ControlTopicWriter,
     ReadBack,
+    claim_epoch,
     ensure_control_topic,
     last_marker_per_partition,
 )
@@ -101,33 +102,42 @@ class Emitter:
                     self._timeout_s,
                 )
                 read_back = reader.read_to_end()
+                writer = ControlTopicWriter(
+                    config.bootstrap_servers,
+                    config.control_topic,
+                    config.kafka_config,
+                    delivery_timeout_s=max(self._timeout_s * 2, 10.0),
+                )
+                epoch, meanwhile = claim_epoch(
+                    reader,
+                    writer,
+                    config.emitter_id,
+                    read_back.records,
+                    wall_ms=self._wall_ms(),
+                    timeout_s=max(self._timeout_s * 2, 10.0),
+                )
             except (KafkaException, ControlTopicError, KeyError) as error:
                 self._set_broker_up(False)
-                log.warning("cannot read the control topic yet (%s); retrying", error)
+                log.warning("cannot start on the control topic yet (%s); retrying", error)
                 stop.wait(config.poll_interval_ms / 1000)
                 continue
-            self._reader = reader
+            self._reader, self._writer, self.epoch = reader, writer, epoch
+            read_back.records += meanwhile.records
+            read_back.malformed += meanwhile.malformed
             self._restore(read_back)
-            self._writer = ControlTopicWriter(
-                config.bootstrap_servers,
-                config.control_topic,
-                config.kafka_config,
-                delivery_timeout_s=max(self._timeout_s * 2, 10.0),
-            )
             return True
         return False
 
     def _restore(self, read_back: ReadBack) -> None:
-        markers = [r for r in read_back.records if isinstance(r, Marker)]
+        """Continues every partition from its last marker; honours pending finish requests."""
         latest = last_marker_per_partition(read_back.records)
-        self.epoch = max((m.epoch for m in markers), default=0) + 1
         with self._lock:
             self.detector.restore(latest.values())
             for record in read_back.records:
                 if isinstance(record, FinishRequest):
                     self.detector.request_finish(record.topic, record.partition)
         self.metrics.control_records_malformed.inc(read_back.malformed)
-        self.metrics.epoch.set(self.epoch)
+        self.metrics.epoch.set(self.epoch or 0)
         self.metrics.info.info(
             {
                 "emitter_id": self.config.emitter_id,

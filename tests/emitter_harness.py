@@ -1,0 +1,105 @@
+"""Running an emitter in-process against the embedded broker, for integration tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Producer
+
+from emitter.config import EmitterConfig
+from emitter.control_topic import ControlTopicReader
+from emitter.markers import Marker
+from emitter.service import Emitter
+
+FAST = {
+    "idle_timeout_ms": 1_000,
+    "poll_interval_ms": 200,
+    "request_timeout_ms": 1_000,
+    "metrics_port": 0,
+}
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def produce_one(bootstrap: str, topic: str, partition: int, count: int = 1) -> None:
+    """One record per request, flushed each time: the embedded broker's log end is exact."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for _ in range(count):
+        producer.produce(topic, value=b"{}", partition=partition)
+        assert producer.flush(10) == 0
+
+
+def control_markers(bootstrap: str, control_topic: str) -> list[Marker]:
+    reader = ControlTopicReader(bootstrap, control_topic, {}, 5.0)
+    try:
+        return [r for r in reader.read_to_end().records if isinstance(r, Marker)]
+    finally:
+        reader.close()
+
+
+@dataclass
+class RunningEmitter:
+    emitter: Emitter
+    stop_event: threading.Event
+    thread: threading.Thread
+    exit_codes: list[int] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.emitter.metrics_port}"
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.base_url + "/status", timeout=5) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=5) as response:
+            text: str = response.read().decode()
+            return text
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of one series from a real scrape of /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return None
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "emitter did not stop"
+        return self.exit_codes[0]
+
+
+def start_emitter(**settings: Any) -> RunningEmitter:
+    config = EmitterConfig.model_validate({**FAST, **settings})
+    emitter = Emitter(config)
+    stop, ready = threading.Event(), threading.Event()
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(emitter.run(stop, ready)), daemon=True)
+    thread.start()
+    running = RunningEmitter(emitter, stop, thread, codes)
+    if not ready.wait(30):
+        running.stop()
+        raise AssertionError("emitter did not connect")
+    return running

@@ -1,0 +1,137 @@
+"""Emitter configuration: flags, YAML and SLACKWATER_* variables into one frozen model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from emitter.config import EmitterConfig
+from emitter.settings import ConfigError, load_config, parse_duration_ms
+
+REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "ctl"}
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("500ms", 500),
+        ("3s", 3_000),
+        ("5m", 300_000),
+        ("1h", 3_600_000),
+        ("1.5s", 1_500),
+        ("250", 250),
+        (42, 42),
+    ],
+)
+def test_durations(text: str | int, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("bad", ["soon", "5 days", "-3s", "", True])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration_ms(bad)
+
+
+def test_defaults() -> None:
+    config = load_config(EmitterConfig, REQUIRED, environ={})
+    assert (config.idle_timeout_ms, config.poll_interval_ms, config.metrics_port) == (
+        30_000,
+        1_000,
+        9464,
+    )
+    assert config.group is None and config.kafka_config == {}
+
+
+def test_config_is_frozen() -> None:
+    config = load_config(EmitterConfig, REQUIRED, environ={})
+    with pytest.raises(pydantic.ValidationError):
+        config.idle_timeout_ms = 1  # type: ignore[misc]
+
+
+def test_precedence_yaml_then_env_then_flags(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "emitter.yaml"
+    yaml_file.write_text(
+        "bootstrap_servers: yaml:1\ntopics: [a, b]\ncontrol_topic: ctl\n"
+        "idle_timeout_ms: 10s\npoll_interval_ms: 2s\ngroup: from-yaml\n"
+        "kafka_config: {security.protocol: SSL}\n"
+    )
+    environ = {
+        "SLACKWATER_POLL_INTERVAL_MS": "750ms",
+        "SLACKWATER_GROUP": "from-env",
+        "SLACKWATER_TOPICS": "x,y,z",
+    }
+    config = load_config(EmitterConfig, {"group": "from-flag", "topics": None}, yaml_file, environ)
+    assert config.bootstrap_servers == "yaml:1"
+    assert config.idle_timeout_ms == 10_000  # yaml
+    assert config.poll_interval_ms == 750  # env beats yaml
+    assert config.topics == ["x", "y", "z"]  # env beats yaml; a None flag is "not given"
+    assert config.group == "from-flag"  # flag beats env
+    assert config.kafka_config == {"security.protocol": "SSL"}
+
+
+def test_unknown_yaml_key_is_an_error_naming_it(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "emitter.yaml"
+    yaml_file.write_text("bootstrap_servers: a:1\ntopics: [a]\ncontrol_topic: c\nidle: 3s\n")
+    with pytest.raises(ConfigError, match="'idle': Extra inputs are not permitted"):
+        load_config(EmitterConfig, {}, yaml_file, {})
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({**REQUIRED, "topics": []}, "topics"),
+        ({**REQUIRED, "topics": ["bad topic"]}, "topics"),
+        ({**REQUIRED, "control_topic": "orders"}, "control_topic"),
+        ({**REQUIRED, "bootstrap_servers": "nohostport"}, "bootstrap_servers"),
+        ({**REQUIRED, "idle_timeout_ms": "0s"}, "idle_timeout_ms"),
+        ({**REQUIRED, "metrics_port": 70000}, "metrics_port"),
+        ({**REQUIRED, "kafka_config": ["novalue"]}, "kafka_config"),
+        ({"topics": ["a"], "control_topic": "c"}, "bootstrap_servers"),
+    ],
+)
+def test_bad_field_is_named(values: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid config field '{field}'"):
+        load_config(EmitterConfig, values, environ={})
+
+
+def _emit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "emitter.cli", "emit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_bad_config_exits_2_with_one_line_naming_the_field() -> None:
+    result = _emit(
+        "--bootstrap-servers",
+        "localhost:9092",
+        "--topic",
+        "orders",
+        "--control-topic",
+        "ctl",
+        "--idle-timeout",
+        "soon",
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "invalid config field 'idle_timeout_ms'" in result.stderr
+
+
+def test_cli_missing_required_setting_exits_2() -> None:
+    result = _emit("--topic", "orders", "--control-topic", "ctl")
+    assert result.returncode == 2
+    assert "invalid config field 'bootstrap_servers': Field required" in result.stderr
+
+
+def test_cli_unreadable_config_file_exits_2(tmp_path: Path) -> None:
+    result = _emit("--config", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert "cannot read config file" in result.stderr

@@ -1,0 +1,274 @@
+"""The emitter's pure state machine (DESIGN §4): observations and time in, markers out.
+
+Each test asserts the exact proposals after every poll, and that nothing else
+is proposed.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emitter.detector import Detector, Observation, Proposal, Reason
+from emitter.markers import Marker, MarkerStatus
+
+ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
+T = "orders"
+
+
+def obs(
+    at_s: float,
+    offsets: dict[int, int] | None,
+    topics: dict[str, int] | None = None,
+) -> Observation:
+    """An observation at ``at_s``; ``offsets=None`` is a failed poll."""
+    log_ends = {(T, p): o for p, o in (offsets or {}).items()}
+    if topics is None and offsets is not None:
+        topics = {T: max(offsets, default=-1) + 1}
+    return Observation(
+        monotonic_s=at_s, wall_ms=int(at_s * 1000), log_end_offsets=log_ends, topics=topics
+    )
+
+
+def run(detector: Detector, observation: Observation) -> list[Proposal]:
+    """Observes, then confirms every proposal as the service does after delivery."""
+    proposals = detector.observe(observation, [T])
+    for proposal in proposals:
+        state = detector.partitions[(proposal.topic, proposal.partition)]
+        detector.published(
+            Marker(
+                topic=proposal.topic,
+                partition=proposal.partition,
+                status=proposal.status,
+                offset=proposal.offset,
+                emitted_at=0,
+                emitter_id="e",
+                epoch=1,
+                seq=state.seq,
+            )
+        )
+    return proposals
+
+
+def P(partition: int, status: MarkerStatus, offset: int, reason: Reason) -> Proposal:  # noqa: N802
+    return Proposal(T, partition, status, offset, reason)
+
+
+def test_new_partition_is_active_without_a_marker() -> None:
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, obs(0, {0: 5})) == []
+    assert detector.partitions[(T, 0)].status is ACTIVE
+
+
+def test_idle_after_idle_timeout_without_log_end_movement_at_log_end() -> None:
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, obs(0, {0: 100})) == []
+    assert run(detector, obs(1, {0: 100})) == []
+    assert run(detector, obs(2, {0: 100})) == []
+    assert run(detector, obs(3, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+    assert run(detector, obs(4, {0: 100})) == []  # no duplicate
+
+
+def test_movement_resets_the_idle_clock() -> None:
+    detector = Detector(idle_timeout_s=3)
+    run(detector, obs(0, {0: 100}))
+    run(detector, obs(2, {0: 100}))
+    assert run(detector, obs(2.5, {0: 101})) == []
+    assert run(detector, obs(5, {0: 101})) == []
+    assert run(detector, obs(5.5, {0: 101})) == [P(0, IDLE, 101, Reason.IDLE_TIMEOUT)]
+
+
+def test_active_at_previous_log_end_when_log_end_moves() -> None:
+    detector = Detector(idle_timeout_s=1)
+    run(detector, obs(0, {0: 100}))
+    assert run(detector, obs(1, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+    assert run(detector, obs(2, {0: 130})) == [P(0, ACTIVE, 100, Reason.LOG_END_MOVED)]
+    assert run(detector, obs(2.5, {0: 130})) == []
+    assert run(detector, obs(3, {0: 130})) == [P(0, IDLE, 130, Reason.IDLE_TIMEOUT)]
+
+
+def test_idle_clock_stops_while_polls_fail() -> None:
+    """The docstring's timeline: failed polls add nothing to the still time."""
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, obs(0, {0: 100})) == []
+    assert run(detector, obs(1, {0: 100})) == []
+    assert run(detector, obs(2, None)) == []
+    assert run(detector, obs(30, None)) == []
+    assert run(detector, obs(31, {0: 100})) == []  # the gap 1s..31s does not count
+    assert detector.partitions[(T, 0)].still_s == 1.0
+    assert run(detector, obs(32, {0: 100})) == []
+    assert run(detector, obs(33, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_partial_failure_stops_only_the_unobserved_partitions_clock() -> None:
+    detector = Detector(idle_timeout_s=2)
+    run(detector, obs(0, {0: 10, 1: 20}))
+    run(detector, obs(1, {0: 10}, topics={T: 2}))  # partition 1 not read
+    assert run(detector, obs(2, {0: 10, 1: 20})) == [P(0, IDLE, 10, Reason.IDLE_TIMEOUT)]
+    assert detector.partitions[(T, 1)].still_s == 0.0
+    assert run(detector, obs(4, {0: 10, 1: 20})) == [P(1, IDLE, 20, Reason.IDLE_TIMEOUT)]
+
+
+def test_unconfirmed_marker_is_proposed_again_and_status_unchanged() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.observe(obs(0, {0: 7}), [T])
+    proposals = detector.observe(obs(1, {0: 7}), [T])
+    assert proposals == [P(0, IDLE, 7, Reason.IDLE_TIMEOUT)]
+    assert detector.partitions[(T, 0)].status is ACTIVE  # not delivered: not the status
+    assert detector.observe(obs(2, {0: 7}), [T]) == proposals
+
+
+def test_unconfirmed_idle_is_dropped_when_data_arrives_meanwhile() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.observe(obs(0, {0: 7}), [T])
+    assert detector.observe(obs(1, {0: 7}), [T]) != []
+    assert detector.observe(obs(2, {0: 8}), [T]) == []  # no IDLE@7 any more: data came
+
+
+def test_finish_request_gives_finished_at_log_end_and_nothing_after() -> None:
+    detector = Detector(idle_timeout_s=1)
+    run(detector, obs(0, {0: 50}))
+    detector.request_finish(T, 0)
+    assert run(detector, obs(0.5, {0: 52})) == [P(0, FINISHED, 52, Reason.FINISH_REQUESTED)]
+    assert run(detector, obs(5, {0: 52})) == []
+    assert run(detector, obs(6, {0: 90})) == []
+    detector.request_finish(T, 0)
+    assert run(detector, obs(7, {0: 90})) == []
+
+
+def test_finish_request_waits_for_an_observation() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.request_finish(T, 3)
+    assert run(detector, obs(0, None)) == []
+    assert run(detector, obs(1, {3: 4})) == [P(3, FINISHED, 4, Reason.FINISH_REQUESTED)]
+
+
+def test_finish_from_idle() -> None:
+    detector = Detector(idle_timeout_s=1)
+    run(detector, obs(0, {0: 5}))
+    assert run(detector, obs(1, {0: 5})) == [P(0, IDLE, 5, Reason.IDLE_TIMEOUT)]
+    detector.request_finish(T, 0)
+    assert run(detector, obs(2, {0: 5})) == [P(0, FINISHED, 5, Reason.FINISH_REQUESTED)]
+
+
+def test_deleted_topic_finishes_its_partitions_after_consecutive_absent_polls() -> None:
+    detector = Detector(idle_timeout_s=100, deleted_topic_polls=2)
+    run(detector, obs(0, {0: 3, 1: 9}))
+    assert run(detector, obs(1, {}, topics={})) == []  # one absent poll: maybe a glitch
+    assert run(detector, obs(2, {0: 3, 1: 9})) == []  # back: the count starts over
+    assert run(detector, obs(3, {}, topics={})) == []
+    assert run(detector, obs(4, {}, topics={})) == [
+        P(0, FINISHED, 3, Reason.TOPIC_DELETED),
+        P(1, FINISHED, 9, Reason.TOPIC_DELETED),
+    ]
+    assert run(detector, obs(5, {}, topics={})) == []
+
+
+def test_failed_metadata_never_counts_as_deletion() -> None:
+    detector = Detector(idle_timeout_s=100, deleted_topic_polls=1)
+    run(detector, obs(0, {0: 3}))
+    for at in range(1, 5):
+        assert detector.observe(Observation(at, at * 1000, {}, None), [T]) == []
+
+
+def test_topic_not_created_yet_is_missing_then_tracked() -> None:
+    detector = Detector(idle_timeout_s=1)
+    assert run(detector, obs(0, {}, topics={})) == []
+    assert detector.missing_topics == {T}
+    assert run(detector, obs(1, {0: 0, 1: 0})) == []
+    assert detector.missing_topics == set()
+    assert set(detector.partitions) == {(T, 0), (T, 1)}
+
+
+def test_partition_added_to_a_topic_is_tracked() -> None:
+    detector = Detector(idle_timeout_s=1)
+    run(detector, obs(0, {0: 5, 1: 5}))
+    assert run(detector, obs(0.5, {0: 6, 1: 6, 2: 0})) == []
+    assert detector.partitions[(T, 2)].status is ACTIVE
+    assert run(detector, obs(1.5, {0: 6, 1: 6, 2: 0})) == [
+        P(0, IDLE, 6, Reason.IDLE_TIMEOUT),
+        P(1, IDLE, 6, Reason.IDLE_TIMEOUT),
+        P(2, IDLE, 0, Reason.IDLE_TIMEOUT),
+    ]
+
+
+def _marker(partition: int, status: MarkerStatus, offset: int, seq: int = 4) -> Marker:
+    return Marker(
+        topic=T,
+        partition=partition,
+        status=status,
+        offset=offset,
+        emitted_at=0,
+        emitter_id="old",
+        epoch=3,
+        seq=seq,
+    )
+
+
+def test_restore_idle_continues_without_duplicate_and_activates_on_movement() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.restore([_marker(0, IDLE, 40)])
+    assert run(detector, obs(0, {0: 40})) == []
+    assert run(detector, obs(5, {0: 40})) == []  # still IDLE: no second IDLE@40
+    assert run(detector, obs(6, {0: 41})) == [P(0, ACTIVE, 40, Reason.LOG_END_MOVED)]
+    assert detector.partitions[(T, 0)].seq == 6  # continues after the restored seq 4
+
+
+def test_restore_idle_then_log_end_moved_while_down() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.restore([_marker(0, IDLE, 40)])
+    assert run(detector, obs(0, {0: 55})) == [P(0, ACTIVE, 40, Reason.LOG_END_MOVED)]
+
+
+def test_restore_active_waits_a_full_idle_timeout() -> None:
+    detector = Detector(idle_timeout_s=2)
+    detector.restore([_marker(0, ACTIVE, 40)])
+    assert run(detector, obs(0, {0: 60})) == []
+    assert run(detector, obs(1, {0: 60})) == []
+    assert run(detector, obs(2, {0: 60})) == [P(0, IDLE, 60, Reason.IDLE_TIMEOUT)]
+
+
+def test_restore_finished_stays_finished() -> None:
+    detector = Detector(idle_timeout_s=1)
+    detector.restore([_marker(0, FINISHED, 40)])
+    detector.request_finish(T, 0)
+    assert run(detector, obs(0, {0: 40})) == []
+    assert run(detector, obs(9, {0: 70})) == []
+
+
+# A random walk of log ends and failed polls: the invariants of DESIGN §4.
+walks = st.lists(
+    st.tuples(st.floats(0.1, 3.0), st.one_of(st.none(), st.integers(0, 3))),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(walks, st.floats(0.5, 5.0))
+def test_markers_alternate_and_are_true_of_the_log(
+    walk: list[tuple[float, int | None]], idle_timeout_s: float
+) -> None:
+    detector = Detector(idle_timeout_s=idle_timeout_s)
+    now, log_end, status = 0.0, 0, ACTIVE
+    still_s, last_ok = 0.0, False
+    for step_s, growth in walk:
+        now += step_s
+        if growth is None:  # failed poll
+            proposals = run(detector, obs(now, None))
+            assert proposals == []  # an unreachable broker never yields a marker
+            last_ok = False
+            continue
+        previous = log_end
+        log_end += growth
+        still_s = 0.0 if growth else still_s + (step_s if last_ok else 0.0)
+        last_ok = True
+        proposals = run(detector, obs(now, {0: log_end}))
+        assert len(proposals) <= 1
+        for proposal in proposals:
+            assert proposal.status is not status  # never a repeat of the current status
+            if proposal.status is IDLE:
+                assert proposal.offset == log_end and growth == 0
+                assert still_s >= idle_timeout_s - 1e-9
+            else:
+                assert proposal.status is ACTIVE and growth > 0 and proposal.offset == previous
+            status = proposal.status

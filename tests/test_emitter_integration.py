@@ -1,0 +1,489 @@
+"""The emitter against the real embedded broker: markers, restarts, outages, metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from emitter.embedded_broker import EmbeddedBroker
+from emitter.markers import MarkerStatus
+from tests.conftest import TopicFactory
+from tests.emitter_harness import (
+    FAST,
+    RunningEmitter,
+    control_markers,
+    produce_one,
+    start_emitter,
+    wait_until,
+)
+
+ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
+POLL_S = FAST["poll_interval_ms"] / 1000
+IDLE_S = FAST["idle_timeout_ms"] / 1000
+
+EmitterFactory = Callable[..., RunningEmitter]
+
+
+@pytest.fixture
+def emitters(broker: EmbeddedBroker) -> Iterator[EmitterFactory]:
+    """Starts emitters on the session broker; stops every one, also when a test fails."""
+    started: list[RunningEmitter] = []
+
+    def start(**settings: object) -> RunningEmitter:
+        settings.setdefault("bootstrap_servers", broker.bootstrap_servers)
+        running = start_emitter(**settings)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if running.thread.is_alive():
+            running.stop()
+
+
+def _control() -> str:
+    return f"ctl-{uuid.uuid4().hex[:12]}"
+
+
+def _markers_of(bootstrap: str, control: str, partition: int) -> list[tuple[MarkerStatus, int]]:
+    return [
+        (m.status, m.offset)
+        for m in control_markers(bootstrap, control)
+        if m.partition == partition
+    ]
+
+
+def test_quiet_partition_goes_idle_at_exact_log_end_then_active_at_exact_offset(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=2), _control()
+    produce_one(broker.bootstrap_servers, topic, 0, count=3)
+    started_ms = time.time_ns() // 1_000_000
+    running = emitters(topics=[topic], control_topic=control)
+    # IDLE within idle_timeout + 2 polls of the emitter's first look (+1 s to start up).
+    markers = wait_until(
+        lambda: _markers_of(broker.bootstrap_servers, control, 0),
+        IDLE_S + 2 * POLL_S + 1.0,
+        "IDLE marker",
+    )
+    assert markers == [(IDLE, 3)]
+    idle_marker = next(
+        m for m in control_markers(broker.bootstrap_servers, control) if m.partition == 0
+    )
+    assert idle_marker.emitted_at - started_ms >= FAST["idle_timeout_ms"]
+    assert idle_marker.epoch == 1 and idle_marker.seq == 0
+    produce_one(broker.bootstrap_servers, topic, 0, count=2)
+    wait_until(
+        lambda: len(_markers_of(broker.bootstrap_servers, control, 0)) >= 3,
+        IDLE_S + 4 * POLL_S + 1.0,
+        "ACTIVE then IDLE",
+    )
+    assert _markers_of(broker.bootstrap_servers, control, 0) == [
+        (IDLE, 3),
+        (ACTIVE, 3),
+        (IDLE, 5),
+    ]
+    assert _markers_of(broker.bootstrap_servers, control, 1) == [(IDLE, 0)]
+    status = running.status()
+    row = next(p for p in status["partitions"] if p["partition"] == 0)
+    assert (row["status"], row["offset"], row["log_end_offset"]) == ("IDLE", 5, 5)
+    assert running.metric("slackwater_emitter_markers_published_total", status="IDLE") == 3
+    assert running.metric("slackwater_emitter_markers_published_total", status="ACTIVE") == 1
+    assert (
+        running.metric(
+            "slackwater_emitter_partition_status", topic=topic, partition="0", status="IDLE"
+        )
+        == 1
+    )
+    assert (
+        running.metric("slackwater_emitter_partition_log_end_offset", topic=topic, partition="0")
+        == 5
+    )
+    assert running.stop() == 0
+
+
+def test_finish_publishes_finished_and_nothing_after(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=1), _control()
+    produce_one(broker.bootstrap_servers, topic, 0, count=4)
+    emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "finish",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--control-topic",
+            control,
+            "--topic",
+            topic,
+            "--partition",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: _markers_of(broker.bootstrap_servers, control, 0), 5, "FINISHED")
+    assert _markers_of(broker.bootstrap_servers, control, 0) == [(FINISHED, 4)]
+    produce_one(broker.bootstrap_servers, topic, 0, count=2)  # data after FINISHED
+    time.sleep(IDLE_S + 4 * POLL_S)
+    assert _markers_of(broker.bootstrap_servers, control, 0) == [(FINISHED, 4)]
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "status",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--control-topic",
+            control,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0
+    assert f"{topic}:0" in status.stdout and "FINISHED" in status.stdout
+    assert "offset=4" in status.stdout and "epoch=1" in status.stdout
+
+
+def test_finish_for_unknown_partition_fails_clearly(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=1), _control()
+    emitters(topics=[topic], control_topic=control)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "finish",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--control-topic",
+            control,
+            "--topic",
+            topic,
+            "--partition",
+            "7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"no partition {topic}:7" in result.stderr
+
+
+def test_restart_continues_state_without_duplicates_and_with_a_new_epoch(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=2), _control()
+    produce_one(broker.bootstrap_servers, topic, 0, count=2)
+    first = emitters(topics=[topic], control_topic=control)
+    wait_until(
+        lambda: len(control_markers(broker.bootstrap_servers, control)) == 2, 5, "two IDLE markers"
+    )
+    assert first.stop() == 0
+    second = emitters(topics=[topic], control_topic=control)
+    assert second.emitter.epoch == 2
+    time.sleep(IDLE_S + 4 * POLL_S)  # long enough to publish duplicates if it would
+    markers = control_markers(broker.bootstrap_servers, control)
+    assert sorted((m.partition, m.status, m.offset) for m in markers) == [
+        (0, IDLE, 2),
+        (1, IDLE, 0),
+    ]
+    produce_one(broker.bootstrap_servers, topic, 1)
+    wait_until(
+        lambda: len(control_markers(broker.bootstrap_servers, control)) == 3,
+        5,
+        "ACTIVE after restart",
+    )
+    resumed = control_markers(broker.bootstrap_servers, control)[-1]
+    assert (resumed.partition, resumed.status, resumed.offset) == (1, ACTIVE, 0)
+    assert (resumed.epoch, resumed.seq) == (2, 1)  # new epoch; seq continues per partition
+
+
+def test_newer_emitter_fences_the_older_one(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=1), _control()
+    old = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
+    new = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
+    assert (old.emitter.epoch, new.emitter.epoch) == (1, 2)
+    produce_one(broker.bootstrap_servers, topic, 0)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "finish",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--control-topic",
+            control,
+            "--topic",
+            topic,
+            "--partition",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0
+    wait_until(lambda: old.metric("slackwater_emitter_fenced") == 1, 5, "old emitter fenced")
+    markers = control_markers(broker.bootstrap_servers, control)
+    # Both saw the request; whichever wrote first, no marker of epoch 1 follows one of epoch 2.
+    epochs = [m.epoch for m in markers]
+    assert epochs == sorted(epochs) and 2 in epochs
+    assert [(m.status, m.offset) for m in markers if m.epoch == 2] == [(FINISHED, 1)]
+
+
+def test_malformed_control_records_are_counted_and_skipped(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=1), _control()
+    running = emitters(topics=[topic], control_topic=control)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+    for key, value in [
+        (b"x", b"not json"),
+        (f"{topic}:0".encode(), b'{"v": 9}'),
+        (b"y", b'{"kind": "future_kind"}'),
+    ]:
+        producer.produce(control, key=key, value=value)
+        producer.flush(10)
+    wait_until(
+        lambda: running.metric("slackwater_emitter_control_records_malformed_total") == 2,
+        5,
+        "two malformed records counted",
+    )
+    wait_until(
+        lambda: _markers_of(broker.bootstrap_servers, control, 0) == [(IDLE, 0)],
+        IDLE_S + 3,
+        "the emitter still publishes",
+    )
+
+
+def test_topic_missing_at_start_is_reported_then_picked_up(
+    broker: EmbeddedBroker, admin: AdminClient, emitters: EmitterFactory
+) -> None:
+    topic, control = f"late-{uuid.uuid4().hex[:12]}", _control()
+    running = emitters(topics=[topic], control_topic=control)
+    wait_until(
+        lambda: running.metric("slackwater_emitter_topic_missing", topic=topic) == 1,
+        5,
+        "missing topic reported",
+    )
+    assert running.status()["missing_topics"] == [topic]
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(10)
+    wait_until(lambda: len(running.status()["partitions"]) == 3, 5, "partitions tracked")
+    assert running.status()["missing_topics"] == []
+    assert running.metric("slackwater_emitter_topic_missing", topic=topic) is None
+
+
+def test_deleted_topic_partitions_become_finished(
+    broker: EmbeddedBroker, admin: AdminClient, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=2), _control()
+    produce_one(broker.bootstrap_servers, topic, 1, count=3)
+    running = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
+    wait_until(lambda: len(running.status()["partitions"]) == 2, 5, "partitions tracked")
+    admin.delete_topics([topic])[topic].result(10)
+    wait_until(
+        lambda: len(control_markers(broker.bootstrap_servers, control)) == 2, 5, "FINISHED markers"
+    )
+    assert sorted(
+        (m.partition, m.status, m.offset)
+        for m in control_markers(broker.bootstrap_servers, control)
+    ) == [(0, FINISHED, 0), (1, FINISHED, 3)]
+
+
+def test_group_lag_in_offsets_and_seconds(
+    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control, group = new_topic(partitions=1), _control(), f"g-{uuid.uuid4().hex[:8]}"
+    produce_one(broker.bootstrap_servers, topic, 0, count=2)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    running = emitters(topics=[topic], control_topic=control, group=group, idle_timeout_ms=60_000)
+    wait_until(
+        lambda: (
+            running.metric(
+                "slackwater_emitter_group_lag_offsets", group=group, topic=topic, partition="0"
+            )
+            == 0
+        ),
+        5,
+        "lag 0",
+    )
+    time.sleep(3 * POLL_S)
+    produce_one(broker.bootstrap_servers, topic, 0, count=4)  # the group falls 4 behind
+    wait_until(
+        lambda: (
+            running.metric(
+                "slackwater_emitter_group_lag_offsets", group=group, topic=topic, partition="0"
+            )
+            == 4
+        ),
+        5,
+        "lag 4",
+    )
+    time.sleep(1.0)
+    lag_s = running.metric(
+        "slackwater_emitter_group_lag_seconds", group=group, topic=topic, partition="0"
+    )
+    # Record 2 arrived between the last poll that saw log end 2 and the first that saw 6:
+    # at least the 1 s slept since, at most that plus the test's own run time.
+    assert lag_s is not None and 0.9 <= lag_s <= 10
+    consumer.commit(offsets=[TopicPartition(topic, 0, 6)], asynchronous=False)
+    consumer.close()
+    wait_until(
+        lambda: (
+            running.metric(
+                "slackwater_emitter_group_lag_seconds", group=group, topic=topic, partition="0"
+            )
+            == 0
+        ),
+        5,
+        "caught up",
+    )
+    row = running.status()["partitions"][0]
+    assert (row["lag_offsets"], row["lag_seconds"]) == (0, 0.0)
+
+
+def test_emit_command_serves_metrics_and_exits_0_on_sigterm(
+    broker: EmbeddedBroker, new_topic: TopicFactory
+) -> None:
+    from emitter.embedded_broker import free_port
+
+    topic, control, port = new_topic(partitions=1), _control(), free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "emit",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--topic",
+            topic,
+            "--control-topic",
+            control,
+            "--idle-timeout",
+            "1s",
+            "--poll-interval",
+            "200ms",
+            "--metrics-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        import urllib.request
+
+        def scrape() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text: str = r.read().decode()
+                    return text
+            except OSError:
+                return None
+
+        text = wait_until(
+            lambda: (t := scrape()) and "broker_up 1.0" in t and t, 15, "metrics with broker up"
+        )
+        assert "slackwater_emitter_poll_duration_seconds_count" in text
+        wait_until(
+            lambda: _markers_of(broker.bootstrap_servers, control, 0) == [(IDLE, 0)],
+            5,
+            "IDLE from the command",
+        )
+        process.terminate()
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_broker_outage_longer_than_idle_timeout_yields_no_idle_then_recovers(
+    tmp_path: object,
+) -> None:
+    """The idle clock stops while the broker is unreachable (paused with SIGSTOP)."""
+    with EmbeddedBroker() as own_broker:
+        bootstrap = own_broker.bootstrap_servers
+        own_admin = AdminClient({"bootstrap.servers": bootstrap})
+        futures = own_admin.create_topics(
+            [NewTopic("outage", num_partitions=1, replication_factor=1)]
+        )
+        futures["outage"].result(10)
+        control = _control()
+        running = start_emitter(
+            bootstrap_servers=bootstrap,
+            topics=["outage"],
+            control_topic=control,
+            idle_timeout_ms=2_000,
+            kafka_config={"reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "200"},
+        )
+        try:
+            produce_one(bootstrap, "outage", 0, count=2)
+            wait_until(
+                lambda: (
+                    running.status()["partitions"]
+                    and running.status()["partitions"][0]["log_end_offset"] == 2
+                ),
+                5,
+                "log end 2 seen",
+            )
+            own_broker.pause()
+            paused_at = time.monotonic()
+            wait_until(
+                lambda: running.metric("slackwater_emitter_broker_up") == 0, 10, "broker_up 0"
+            )
+            assert running.status()["broker_up"] is False
+            time.sleep(max(0.0, 4.0 - (time.monotonic() - paused_at)))  # 2x idle_timeout
+            own_broker.resume()
+            resumed_ms = time.time_ns() // 1_000_000
+            wait_until(
+                lambda: running.metric("slackwater_emitter_broker_up") == 1,
+                15,
+                "broker_up 1 again, same emitter",
+            )
+            markers = wait_until(
+                lambda: control_markers(bootstrap, control), 10, "IDLE after recovery"
+            )
+            assert [(m.status, m.offset) for m in markers] == [(IDLE, 2)]
+            # Only stillness seen over successful polls counts: less than 0.5 s of it
+            # came before the pause, so the IDLE needs well over 1 s after recovery.
+            assert markers[0].emitted_at - resumed_ms >= 1_000
+            metadata_errors = running.metric(
+                "slackwater_emitter_poll_errors_total", request="metadata"
+            )
+            assert metadata_errors is not None and metadata_errors >= 1
+        finally:
+            assert running.stop() == 0
