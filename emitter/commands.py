@@ -49,6 +49,12 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
         help="log end still this long -> IDLE (default 30s)",
     )
     parser.add_argument("--poll-interval", dest="poll_interval_ms", metavar="1s")
+    parser.add_argument(
+        "--metadata-interval",
+        dest="metadata_interval_ms",
+        metavar="10s",
+        help="how often to re-read topic metadata (default 10s)",
+    )
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument(

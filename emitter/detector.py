@@ -73,6 +73,10 @@ class PartitionState:
     # is aligned to it (new data starts where nothing was).
     idle_offset: int | None = None
     log_end_offset: int | None = None
+    # Highest log end ever seen: where a deleted topic's partition ends. (Between
+    # a deletion and the metadata that shows it, a broker may answer ListOffsets
+    # for the topic's next incarnation, or with 0.)
+    max_log_end_offset: int | None = None
     # Seconds the log end has not moved, counted over successful polls only.
     still_s: float = 0.0
     last_observed_s: float | None = None
@@ -104,7 +108,7 @@ class Detector:
             state.idle_offset = marker.offset if marker.status is MarkerStatus.IDLE else None
             # Until the first poll, the marker's offset is the log end we know of.
             if marker.status is not MarkerStatus.ACTIVE:
-                state.log_end_offset = marker.offset
+                state.log_end_offset = state.max_log_end_offset = marker.offset
             self._seen_topics.add(marker.topic)
 
     def request_finish(self, topic: str, partition: int) -> None:
@@ -154,6 +158,8 @@ class Detector:
         elif state.last_observed_s is not None:
             state.still_s += max(0.0, now - state.last_observed_s)
         state.log_end_offset = log_end
+        if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
+            state.max_log_end_offset = log_end
         state.last_observed_s = now
         if state.finish_requested:
             return Proposal(
@@ -192,14 +198,14 @@ class Detector:
                 if (
                     state_topic == topic
                     and state.status is not MarkerStatus.FINISHED
-                    and state.log_end_offset is not None
+                    and state.max_log_end_offset is not None
                 ):
                     proposals.append(
                         Proposal(
                             topic,
                             partition,
                             MarkerStatus.FINISHED,
-                            state.log_end_offset,
+                            state.max_log_end_offset,
                             Reason.TOPIC_DELETED,
                         )
                     )

@@ -77,7 +77,12 @@ class Emitter:
             "bootstrap.servers": config.bootstrap_servers,
         }
         self._admin = AdminClient(kafka)
-        self._observer = BrokerObserver(self._admin, self._timeout_s)
+        self._observer = BrokerObserver(
+            self._admin,
+            self._timeout_s,
+            metadata_interval_s=config.metadata_interval_ms / 1000,
+            monotonic_s=monotonic_s,
+        )
         self._reader: ControlTopicReader | None = None
         self._writer: ControlTopicWriter | None = None
 

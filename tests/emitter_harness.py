@@ -21,6 +21,7 @@ FAST = {
     "idle_timeout_ms": 1_000,
     "poll_interval_ms": 200,
     "request_timeout_ms": 1_000,
+    "metadata_interval_ms": 200,
     "metrics_port": 0,
 }
 

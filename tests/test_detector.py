@@ -272,3 +272,10 @@ def test_markers_alternate_and_are_true_of_the_log(
             else:
                 assert proposal.status is ACTIVE and growth > 0 and proposal.offset == previous
             status = proposal.status
+
+
+def test_deleted_topic_finishes_at_the_highest_log_end_seen() -> None:
+    detector = Detector(idle_timeout_s=100, deleted_topic_polls=1)
+    run(detector, obs(0, {0: 30}))
+    run(detector, obs(1, {0: 0}, topics={T: 1}))  # answered for a new incarnation, say
+    assert run(detector, obs(2, {}, topics={})) == [P(0, FINISHED, 30, Reason.TOPIC_DELETED)]
