@@ -36,6 +36,7 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.valve_bench
+	$(BIN)/python -m bench.emitter_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emitter.markers import (
+    EpochClaim,
     FinishRequest,
     MalformedControlRecord,
     Marker,
@@ -191,3 +192,13 @@ def test_arbitrary_bytes_never_raise_anything_but_malformed(
 ) -> None:
     with contextlib.suppress(MalformedControlRecord):
         decode(key, value)
+
+
+def test_epoch_claim_round_trip_and_shared_key() -> None:
+    claim = EpochClaim(emitter_id="e-1", epoch=7, claimed_at=123)
+    key, value = encode(claim)
+    assert key == b"epoch_claim"  # one key: compaction keeps the newest claim
+    assert decode(key, value) == claim
+    assert _rejected(b"epoch_claim", value.replace(b'"epoch":7', b'"epoch":-7')).startswith(
+        "epoch:"
+    )
