@@ -177,8 +177,15 @@ class Emitter:
             topics=view.topics,
         )
         with self._lock:
+            missing_before = set(self.detector.missing_topics)
             proposals = self.detector.observe(observation, self.config.topics)
+            missing_now = set(self.detector.missing_topics)
             self._track_group(view, observation.wall_ms)
+        if observation.topics is not None and missing_now != missing_before:
+            for topic in sorted(missing_now - missing_before):
+                log.warning("watched topic %s does not exist (yet); retrying every poll", topic)
+            for topic in sorted(missing_before - missing_now):
+                log.info("watched topic %s appeared; tracking its partitions", topic)
         published = self._publish(proposals)
         self.metrics.poll_duration.observe(time.perf_counter() - started)
         return published
