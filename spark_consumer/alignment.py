@@ -1,0 +1,252 @@
+"""Aligning control-topic markers with what the consumer has read (DESIGN §3).
+
+Pure driver-side logic, no Spark: per micro-batch it takes the markers read,
+and per data partition the newest event time, the highest record offset and
+the read position (next offset to read); it decides each partition's status
+and feeds statuses and watermarks into the valve.
+
+Order within one micro-batch, for every partition in partition order:
+
+    1. data beats markers: records at or after the IDLE offset make an IDLE
+       partition ACTIVE again at once;
+    2. the partition's watermark (newest event time - max out-of-orderness)
+       goes into the valve, before any IDLE/FINISHED below, so the data read
+       in this batch counts in the flush;
+    3. pending markers apply in their order: ACTIVE at once; IDLE@X and
+       FINISHED@X once the read position has reached X:
+
+         offset   ... 7   8   9 | 10  11
+         read          ^ position 8: IDLE@10 waits
+                               ^ position 10, no record >= 10 read: IDLE applies
+                                       ^ a record at 10 or 11 was read: IDLE@10
+                                         is contradicted by data and dropped
+
+Rules that reject a marker (counted, never applied): an older epoch than one
+seen for the partition; anything but FINISHED... after FINISHED (terminal); a
+marker for another topic.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from emitter.markers import Marker, MarkerStatus
+from spark_consumer.valve import Emitted, StatusWatermarkValve, WatermarkStatus
+
+NO_OFFSET = -1
+
+
+class MarkerOutcome(enum.StrEnum):
+    PENDING = "pending"
+    STALE_EPOCH = "stale_epoch"
+    AFTER_FINISHED = "after_finished"
+    OTHER_TOPIC = "other_topic"
+
+
+@dataclass(frozen=True)
+class PartitionBatch:
+    """What Spark computed for one data partition in one micro-batch."""
+
+    records: int = 0
+    # Newest readable event time (ms) among the batch's records; None if none.
+    max_event_time_ms: int | None = None
+    max_offset: int = NO_OFFSET
+    # Next offset to read after this batch (past offset gaps); None if not read.
+    read_position: int | None = None
+
+
+@dataclass
+class _Partition:
+    status: MarkerStatus = MarkerStatus.ACTIVE
+    read_position: int = 0
+    max_record_offset: int = NO_OFFSET
+    newest_event_ms: int | None = None
+    epoch: int = -1
+    # Offset of the IDLE marker applied last: data at or after it beats it.
+    idle_offset: int | None = None
+    pending: list[Marker] = field(default_factory=list)
+
+
+@dataclass
+class Counters:
+    markers_applied: int = 0
+    markers_superseded: int = 0
+    markers_rejected: dict[str, int] = field(default_factory=dict)
+    records_after_finished: int = 0
+    data_reactivations: int = 0
+
+
+class MarkerAligner:
+    """Consumer-side partition statuses, pending markers and the valve."""
+
+    def __init__(
+        self, topic: str, max_out_of_orderness_ms: int, partitions: Iterable[int] = ()
+    ) -> None:
+        self.topic = topic
+        self.max_out_of_orderness_ms = max_out_of_orderness_ms
+        self.partitions: dict[int, _Partition] = {}
+        self.valve = StatusWatermarkValve([])
+        self.counters = Counters()
+        self.ensure_partitions(partitions)
+
+    def ensure_partitions(self, partitions: Iterable[int]) -> list[Emitted]:
+        """Adds partitions the consumer did not know (a topic grew): ACTIVE channels."""
+        emitted: list[Emitted] = []
+        for partition in sorted(set(partitions) - set(self.partitions)):
+            self.partitions[partition] = _Partition()
+            emitted += self.valve.add_channel(partition)
+        return emitted
+
+    def offer(self, marker: Marker) -> MarkerOutcome:
+        """A marker read from the control topic: queued for its partition, or rejected."""
+        if marker.topic != self.topic:
+            return self._reject(MarkerOutcome.OTHER_TOPIC)
+        self.ensure_partitions([marker.partition])
+        state = self.partitions[marker.partition]
+        # Markers of an older epoch than one seen for the partition are ignored.
+        if marker.epoch < state.epoch:
+            return self._reject(MarkerOutcome.STALE_EPOCH)
+        # FINISHED is terminal: anything after it is a violation, ignored.
+        finished = state.status is MarkerStatus.FINISHED or any(
+            m.status is MarkerStatus.FINISHED for m in state.pending
+        )
+        if finished:
+            return self._reject(MarkerOutcome.AFTER_FINISHED)
+        state.epoch = marker.epoch
+        state.pending.append(marker)
+        return MarkerOutcome.PENDING
+
+    def _reject(self, outcome: MarkerOutcome) -> MarkerOutcome:
+        rejected = self.counters.markers_rejected
+        rejected[outcome.value] = rejected.get(outcome.value, 0) + 1
+        return outcome
+
+    def advance(self, batch: dict[int, PartitionBatch]) -> list[Emitted]:
+        """Applies one micro-batch (see the module docstring); returns what the valve emits."""
+        emitted = self.ensure_partitions(batch)
+        for partition in sorted(self.partitions):
+            state = self.partitions[partition]
+            seen = batch.get(partition)
+            if seen is not None:
+                emitted += self._take_data(partition, state, seen)
+            emitted += self._apply_pending(partition, state)
+        return emitted
+
+    def _take_data(self, partition: int, state: _Partition, seen: PartitionBatch) -> list[Emitted]:
+        emitted: list[Emitted] = []
+        if seen.read_position is not None:
+            state.read_position = max(state.read_position, seen.read_position)
+        if seen.records == 0:
+            return emitted
+        state.max_record_offset = max(state.max_record_offset, seen.max_offset)
+        if state.status is MarkerStatus.FINISHED:
+            # Data after FINISHED: a protocol violation, counted; the records
+            # are still processed (never dropped silently).
+            self.counters.records_after_finished += seen.records
+            return emitted
+        if (
+            state.status is MarkerStatus.IDLE
+            and state.idle_offset is not None
+            and seen.max_offset >= state.idle_offset
+        ):
+            # Data beats markers: the partition is ACTIVE again at once.
+            state.status = MarkerStatus.ACTIVE
+            self.counters.data_reactivations += 1
+            emitted += self.valve.input_status(partition, WatermarkStatus.ACTIVE)
+        if seen.max_event_time_ms is not None:
+            if state.newest_event_ms is None or seen.max_event_time_ms > state.newest_event_ms:
+                state.newest_event_ms = seen.max_event_time_ms
+            emitted += self.valve.input_watermark(
+                partition, state.newest_event_ms - self.max_out_of_orderness_ms
+            )
+        return emitted
+
+    def _apply_pending(self, partition: int, state: _Partition) -> list[Emitted]:
+        emitted: list[Emitted] = []
+        while state.pending:
+            marker = state.pending[0]
+            if marker.status is MarkerStatus.ACTIVE:
+                # ACTIVE@X applies at once.
+                state.pending.pop(0)
+                self.counters.markers_applied += 1
+                if state.status is MarkerStatus.IDLE:
+                    state.status = MarkerStatus.ACTIVE
+                    emitted += self.valve.input_status(partition, WatermarkStatus.ACTIVE)
+                continue
+            # IDLE@X and FINISHED@X wait until the read position reaches X.
+            if state.read_position < marker.offset:
+                break
+            state.pending.pop(0)
+            if marker.status is MarkerStatus.IDLE and state.max_record_offset >= marker.offset:
+                # A record at or after X was read: the IDLE is contradicted by data.
+                self.counters.markers_superseded += 1
+                continue
+            self.counters.markers_applied += 1
+            if state.status is marker.status:
+                continue
+            state.status = marker.status
+            if marker.status is MarkerStatus.IDLE:
+                state.idle_offset = marker.offset
+            emitted += self.valve.input_status(partition, WatermarkStatus(marker.status.value))
+        return emitted
+
+    @property
+    def pending_count(self) -> int:
+        return sum(len(s.pending) for s in self.partitions.values())
+
+    def status_of(self, partition: int) -> MarkerStatus:
+        return self.partitions[partition].status
+
+    # ------------------------------------------------------------ persistence
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "max_out_of_orderness_ms": self.max_out_of_orderness_ms,
+            "valve": self.valve.snapshot(),
+            "counters": {
+                "markers_applied": self.counters.markers_applied,
+                "markers_superseded": self.counters.markers_superseded,
+                "markers_rejected": dict(self.counters.markers_rejected),
+                "records_after_finished": self.counters.records_after_finished,
+                "data_reactivations": self.counters.data_reactivations,
+            },
+            "partitions": {
+                str(p): {
+                    "status": s.status.value,
+                    "read_position": s.read_position,
+                    "max_record_offset": s.max_record_offset,
+                    "newest_event_ms": s.newest_event_ms,
+                    "epoch": s.epoch,
+                    "idle_offset": s.idle_offset,
+                    "pending": [m.model_dump(mode="json") for m in s.pending],
+                }
+                for p, s in self.partitions.items()
+            },
+        }
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any]) -> MarkerAligner:
+        aligner = cls(snapshot["topic"], snapshot["max_out_of_orderness_ms"])
+        aligner.valve = StatusWatermarkValve.restore(snapshot["valve"])
+        aligner.counters = Counters(**snapshot["counters"])
+        for key, raw in snapshot["partitions"].items():
+            aligner.partitions[int(key)] = _Partition(
+                status=MarkerStatus(raw["status"]),
+                read_position=raw["read_position"],
+                max_record_offset=raw["max_record_offset"],
+                newest_event_ms=raw["newest_event_ms"],
+                epoch=raw["epoch"],
+                idle_offset=raw["idle_offset"],
+                pending=[Marker.model_validate_json(_json(m)) for m in raw["pending"]],
+            )
+        return aligner
+
+
+def _json(document: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(document)

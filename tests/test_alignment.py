@@ -1,0 +1,171 @@
+"""Marker alignment (DESIGN §3): exact valve elements after each micro-batch."""
+
+from __future__ import annotations
+
+from emitter.markers import Marker, MarkerStatus
+from spark_consumer.alignment import MarkerAligner, MarkerOutcome, PartitionBatch
+from spark_consumer.valve import MAX_WATERMARK, Watermark, WatermarkStatus
+
+T = "orders"
+ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
+
+
+def marker(
+    partition: int, status: MarkerStatus, offset: int, epoch: int = 1, seq: int = 0
+) -> Marker:
+    return Marker(
+        topic=T,
+        partition=partition,
+        status=status,
+        offset=offset,
+        emitted_at=0,
+        emitter_id="e",
+        epoch=epoch,
+        seq=seq,
+    )
+
+
+def data(event_ms: int, max_offset: int, position: int, records: int = 1) -> PartitionBatch:
+    return PartitionBatch(
+        records=records, max_event_time_ms=event_ms, max_offset=max_offset, read_position=position
+    )
+
+
+def aligner(partitions: int = 2) -> MarkerAligner:
+    return MarkerAligner(T, max_out_of_orderness_ms=0, partitions=range(partitions))
+
+
+def test_watermark_is_min_over_partitions_minus_out_of_orderness() -> None:
+    a = MarkerAligner(T, max_out_of_orderness_ms=100, partitions=[0, 1])
+    assert a.advance({0: data(1_000, 4, 5)}) == []
+    assert a.advance({1: data(2_000, 9, 10)}) == [Watermark(900)]
+
+
+def test_idle_marker_waits_for_the_read_position() -> None:
+    a = aligner()
+    a.advance({0: data(10, 3, 4), 1: data(50, 0, 1)})
+    assert a.offer(marker(0, IDLE, 6)) is MarkerOutcome.PENDING
+    assert a.advance({0: data(20, 4, 5)}) == [Watermark(20)]  # position 5 < 6: still waits
+    assert a.pending_count == 1
+    assert a.advance({0: data(30, 5, 6)}) == [Watermark(30), Watermark(50)]
+    assert a.status_of(0) is IDLE and a.pending_count == 0
+
+
+def test_idle_marker_before_the_data_makes_no_record_late() -> None:
+    """The marker is read before the data it follows: nothing closes early."""
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(100, 0, 1)})
+    a.offer(marker(0, IDLE, 3))
+    assert a.advance({}) == []  # position 1 < 3: partition 0 still holds the watermark
+    assert a.valve.watermark == 10
+    assert a.advance({0: data(40, 2, 3)}) == [Watermark(40), Watermark(100)]
+
+
+def test_idle_contradicted_by_data_is_dropped() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(100, 0, 1)})
+    a.offer(marker(0, IDLE, 1))
+    assert a.advance({0: data(20, 1, 2)}) == [Watermark(20)]  # record at offset 1 >= 1
+    assert a.status_of(0) is ACTIVE
+    assert a.counters.markers_superseded == 1
+
+
+def test_data_beats_markers_reactivates_an_idle_partition() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(100, 0, 1)})
+    a.offer(marker(0, IDLE, 1))
+    assert a.advance({}) == [Watermark(100)]
+    assert a.advance({0: data(150, 1, 2)}) == []  # ACTIVE again, 150 > 100: aligned
+    assert a.status_of(0) is ACTIVE and a.counters.data_reactivations == 1
+    assert a.advance({1: data(200, 1, 2)}) == [Watermark(150)]
+
+
+def test_active_marker_applies_at_once() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(100, 0, 1)})
+    a.offer(marker(0, IDLE, 1, seq=0))
+    a.advance({})
+    a.offer(marker(0, ACTIVE, 1, seq=1))
+    assert a.advance({}) == []
+    assert a.status_of(0) is ACTIVE
+
+
+def test_finished_while_other_idle_never_gives_max_watermark() -> None:
+    a = aligner(3)
+    a.advance({0: data(10, 0, 1), 1: data(50, 0, 1), 2: data(30, 0, 1)})
+    a.offer(marker(2, IDLE, 1))
+    a.offer(marker(0, FINISHED, 1))
+    # partition order: 0 FINISHED leaves the min (30 = partition 2), then 2 IDLE (50)
+    assert a.advance({}) == [Watermark(30), Watermark(50)]
+    a.offer(marker(1, IDLE, 1))
+    assert a.advance({}) == [WatermarkStatus.IDLE]
+    assert a.valve.watermark == 50  # max over the IDLE ones, not MAX_WATERMARK
+
+
+def test_all_finished_gives_max_watermark() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)})
+    a.offer(marker(0, FINISHED, 1))
+    a.offer(marker(1, FINISHED, 1))
+    assert a.advance({}) == [Watermark(20), Watermark(MAX_WATERMARK), WatermarkStatus.FINISHED]
+
+
+def test_stale_epoch_and_after_finished_are_rejected() -> None:
+    a = aligner()
+    assert a.offer(marker(0, IDLE, 0, epoch=3)) is MarkerOutcome.PENDING
+    assert a.offer(marker(0, ACTIVE, 0, epoch=2)) is MarkerOutcome.STALE_EPOCH
+    assert a.offer(marker(1, FINISHED, 0)) is MarkerOutcome.PENDING
+    assert a.offer(marker(1, ACTIVE, 0)) is MarkerOutcome.AFTER_FINISHED
+    assert (
+        a.offer(
+            Marker(
+                topic="other",
+                partition=0,
+                status=IDLE,
+                offset=0,
+                emitted_at=0,
+                emitter_id="e",
+                epoch=1,
+                seq=0,
+            )
+        )
+        is MarkerOutcome.OTHER_TOPIC
+    )
+    assert a.counters.markers_rejected == {"stale_epoch": 1, "after_finished": 1, "other_topic": 1}
+
+
+def test_data_after_finished_is_counted_and_changes_nothing() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)})
+    a.offer(marker(0, FINISHED, 1))
+    assert a.advance({}) == [Watermark(20)]
+    assert a.advance({0: data(5, 3, 4, records=3)}) == []
+    assert a.counters.records_after_finished == 3
+
+
+def test_offset_gap_read_position_past_last_record_applies_the_marker() -> None:
+    """Transactions leave a commit marker after the last record: position > offset + 1."""
+    a = aligner()
+    a.advance({1: data(100, 0, 1)})
+    a.offer(marker(0, IDLE, 5))
+    assert a.advance({0: data(10, 3, 5)}) == [Watermark(10), Watermark(100)]
+    assert a.status_of(0) is IDLE
+
+
+def test_new_partition_joins_as_active_channel() -> None:
+    a = aligner(1)
+    a.advance({0: data(10, 0, 1)})
+    assert a.valve.watermark == 10
+    assert a.advance({1: data(5, 0, 1)}) == []  # 5 < 10: unaligned, output stays
+    assert a.advance({0: data(30, 1, 2), 1: data(40, 1, 2)}) == [Watermark(30)]
+
+
+def test_snapshot_restore_continues_identically() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)})
+    a.offer(marker(0, IDLE, 3))
+    b = MarkerAligner.restore(a.snapshot())
+    assert b.snapshot() == a.snapshot()
+    step = {0: data(15, 2, 3)}
+    assert b.advance(step) == a.advance(step)
+    assert b.snapshot() == a.snapshot()
