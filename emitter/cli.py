@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=run_status)
 
+    consume = commands.add_parser(
+        "consume", help="the Spark consumer: data + control topics into event-time windows"
+    )
+    from spark_consumer.command import add_consume_arguments, run_consume
+
+    add_consume_arguments(consume)
+    consume.set_defaults(run=run_consume)
+
     demo = commands.add_parser(
         "demo", help="the embedded broker, markers and the valve, end to end"
     )

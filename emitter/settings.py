@@ -83,8 +83,10 @@ def load_config(
         return model.model_validate(merged)
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "config"
         message = first["msg"].removeprefix("Value error, ")
+        field = ".".join(str(part) for part in first["loc"])
+        if not field:  # a rule across fields names its field first: "slide_ms: ..."
+            field, _, message = message.partition(": ")
         extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
         raise ConfigError(f"invalid config field '{field}': {message}{extra}") from None
 
