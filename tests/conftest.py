@@ -44,3 +44,18 @@ def new_topic(admin: AdminClient) -> TopicFactory:
         return name
 
     return create
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession for every Spark test (starting one takes seconds)."""
+    from spark_consumer.kafka_source import KafkaDataSource
+    from spark_consumer.pipeline import spark_session
+
+    session = spark_session("slackwater-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(KafkaDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()
