@@ -1,0 +1,111 @@
+"""`slackwater consume` as a process: exactly once across SIGKILL and restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from emitter.embedded_broker import EmbeddedBroker, free_port
+from emitter.markers import MarkerStatus
+from spark_consumer.pipeline import load_report_lines
+from tests.conftest import TopicFactory
+from tests.pipeline_harness import Writer
+
+
+def _consume(
+    broker: EmbeddedBroker, topic: str, control: str, tmp: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "consume",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--topic",
+            topic,
+            "--control-topic",
+            control,
+            "--window",
+            "5s",
+            "--max-out-of-orderness",
+            "1s",
+            "--trigger",
+            "300ms",
+            "--output",
+            str(tmp / "out"),
+            "--checkpoint",
+            str(tmp / "checkpoint"),
+            "--metrics-port",
+            str(free_port()),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait(
+    predicate: object, timeout_s: float, what: str, process: subprocess.Popen[bytes], log: Path
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"consumer exited: {log.read_text()[-3000:]}"
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:]}")
+
+
+def test_sigkill_and_restart_give_every_window_exactly_once(
+    broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    for partition in (0, 1):
+        write.data(partition, *range(0, 10), key=f"k{partition}")
+    log = tmp_path / "consumer.log"
+    out = tmp_path / "out"
+    first = _consume(broker, topic, control, tmp_path, log)
+    try:
+        _wait(lambda: list(out.glob("batch-*")), 120, "a first output batch", first, log)
+        for second in range(10, 40):
+            for partition in (0, 1):
+                write.data(partition, second, key=f"k{partition}")
+            if second == 20:
+                time.sleep(1.0)  # let a batch start, then kill it somewhere inside
+                os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    second_run = _consume(broker, topic, control, tmp_path, log)
+    try:
+        write.marker(0, MarkerStatus.FINISHED)
+        write.marker(1, MarkerStatus.FINISHED)
+        expected_windows = 2 * 8  # [0, 5) .. [35, 40) for two keys
+        _wait(
+            lambda: len(load_report_lines(out)) >= expected_windows,
+            180,
+            "every window",
+            second_run,
+            log,
+        )
+        time.sleep(2)  # any duplicate would be written by now
+        rows = load_report_lines(out)
+        keys = Counter((r["window_start"], r["key"]) for r in rows)
+        assert all(n == 1 for n in keys.values()), keys  # exactly once
+        assert len(rows) == expected_windows
+        assert all(r["count"] == 5 for r in rows)
+        assert not list((tmp_path / "out-late").glob("batch-*"))  # nothing late
+        second_run.terminate()  # SIGTERM to the driver alone, as a supervisor would
+        assert second_run.wait(60) == 0
+    finally:
+        if second_run.poll() is None:
+            os.killpg(second_run.pid, signal.SIGKILL)
