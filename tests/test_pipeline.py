@@ -184,3 +184,39 @@ def test_plain_spark_drops_a_lagging_partition_slackwater_does_not(
     finally:
         run.stop()
         plain.stop()
+
+
+def test_json_event_time_and_key_fields_and_late_and_unreadable_records(
+    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 1)
+
+    def send(value: bytes) -> None:
+        write.producer.produce(topic, value=value, partition=0)
+        assert write.producer.flush(10) == 0
+
+    send(b'{"ts": %d, "user": "ann"}' % (BASE_MS + 1_000))
+    send(b'{"ts": "2023-11-14T22:13:22.500Z", "user": "bob"}')  # BASE_MS + 2.5 s
+    send(b'{"ts": %d, "user": "ann"}' % (BASE_MS + 12_000))
+    send(b'{"ts": "soon", "user": "eve"}')  # unreadable event time
+    send(b"not json at all")  # unreadable event time
+    run = _start(spark, tmp_path, broker, topic, control, event_time_field="ts", key_field="user")
+    try:
+        run.settle()
+        assert run.watermark == BASE_MS + 11_000
+        send(b'{"ts": %d, "user": "ann"}' % (BASE_MS + 3_000))  # below 11 s: late
+        run.settle()
+        late = run.late()
+        assert [(r["offset"], r["reason"]) for r in late] == [
+            (3, "unreadable event time"),
+            (4, "unreadable event time"),
+            (5, "late"),
+        ]
+        assert late[2]["event_time"] == "2023-11-14T22:13:23.000Z"
+        assert late[2]["topic"] == topic and late[2]["partition"] == 0
+        assert sorted((r["key"], r["count"]) for r in run.windows()) == [("ann", 1), ("bob", 1)]
+        assert all(r["window_start"] == "2023-11-14T22:13:20.000Z" for r in run.windows())
+        assert sum(r.unreadable for r in run.reports) == 2
+        assert sum(r.late for r in run.reports) == 1
+    finally:
+        run.stop()
