@@ -134,23 +134,32 @@ class SlackwaterBatch:
         if self.partitions_of is not None:
             aligner.ensure_partitions(self.partitions_of())
 
-        frame = frame.persist()
+        is_position = F.col("timestampType") == POSITION_ROW_TIMESTAMP_TYPE
+        is_control = (F.col("topic") == config.control_topic) & ~is_position
+        is_data = (F.col("topic") == config.topic) & ~is_position
+        event_time, key = self._event_time_and_key()
+        # One narrow projection, cached: every job below reads it instead of Kafka.
+        frame = frame.select(
+            "topic",
+            "partition",
+            "offset",
+            "timestampType",
+            F.when(is_control, F.col("key")).alias("control_key"),
+            F.when(is_control, F.col("value")).alias("control_value"),
+            F.when(is_data, event_time).alias("event_time_ms"),
+            F.when(is_data, key).alias("key"),
+        ).persist()
         try:
-            is_position = F.col("timestampType") == POSITION_ROW_TIMESTAMP_TYPE
-            control = (
-                frame.where((F.col("topic") == config.control_topic) & ~is_position)
-                .select("key", "value", "partition", "offset")
-                .orderBy("partition", "offset")
+            small = (
+                frame.where(is_control | ((F.col("topic") == config.topic) & is_position))
+                .select("topic", "partition", "offset", "control_key", "control_value")
+                .orderBy("topic", "partition", "offset")
                 .collect()
             )
-            positions = {
-                int(row.partition): int(row.offset)
-                for row in frame.where((F.col("topic") == config.topic) & is_position)
-                .select("partition", "offset")
-                .collect()
-            }
-            data = self._with_event_time_and_key(
-                frame.where((F.col("topic") == config.topic) & ~is_position)
+            control = [row for row in small if row.topic == config.control_topic]
+            positions = {int(r.partition): int(r.offset) for r in small if r.topic == config.topic}
+            data = frame.where(is_data).select(
+                "topic", "partition", "offset", "event_time_ms", "key"
             )
             watermark_before = aligner.valve.watermark
             data = data.withColumn(
@@ -173,9 +182,9 @@ class SlackwaterBatch:
                 )
                 .collect()
             }
-            for key, value in ((r.key, r.value) for r in control):
+            for row in control:
                 try:
-                    record = decode(key, value)
+                    record = decode(row.control_key, row.control_value)
                 except MalformedControlRecord as error:
                     report.control_malformed += 1
                     log.warning("skipping malformed control record: %s", error)
@@ -266,7 +275,8 @@ class SlackwaterBatch:
 
     # --------------------------------------------------------------- pieces
 
-    def _with_event_time_and_key(self, data: DataFrame) -> DataFrame:
+    def _event_time_and_key(self) -> tuple[Column, Column]:
+        """Event time (ms; null if unreadable) and key of a data record, as Spark columns."""
         config = self.config
         text = F.col("value").cast("string")
         if config.event_time_field is None:
@@ -280,9 +290,7 @@ class SlackwaterBatch:
             key = F.col("key").cast("string")
         else:
             key = F.get_json_object(text, f"$.{config.key_field}")
-        return data.select(
-            "topic", "partition", "offset", event_time.alias("event_time_ms"), key.alias("key")
-        )
+        return event_time, key
 
     def _merge_windows(
         self, spark: SparkSession, on_time: DataFrame, open_path: Path | None

@@ -1,0 +1,177 @@
+"""Records per second through four readers of the same input, in one run.
+
+    .venv/bin/python -m bench.pipeline_bench [--records 2000000] [--partitions 16]
+
+On the embedded broker: --records JSON-less records over --partitions
+partitions (event times rising, a little out of order), each partition ending
+with a single-record batch so the broker's log end is exact (DESIGN §7). Then,
+one after the other, in one local[2] SparkSession where Spark is involved:
+
+  (a) raw confluent-kafka: one consumer reads every partition to its end;
+  (b) the slackwater-kafka data source alone into Spark's no-op sink;
+  (c) plain Spark: the same source, withWatermark + groupBy(window).count();
+  (d) slackwater: the whole pipeline (markers, valve, windows, outputs).
+
+Each row is records / wall seconds from query start to all input processed,
+so Spark's per-query start-up counts against (b)-(d). The ratios the targets
+name are b/a and d/c.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+from emitter.embedded_broker import EmbeddedBroker
+from spark_consumer.config import ConsumerConfig
+from spark_consumer.kafka_source import KafkaDataSource
+from spark_consumer.pipeline import spark_session, start
+
+BASE_MS = 1_700_000_000_000
+
+
+def produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
+    per_partition = records // partitions
+    for index in range(per_partition - 1):
+        event_ms = BASE_MS + index * 10 - (500 if index % 7 == 0 else 0)
+        for partition in range(partitions):
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        key=b"k%d" % (index % 100),
+                        value=b"v",
+                        partition=partition,
+                        timestamp=event_ms,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+    last_ms = BASE_MS + per_partition * 10
+    for partition in range(partitions):  # one single-record batch per partition, last
+        producer.produce(topic, key=b"k0", value=b"v", partition=partition, timestamp=last_ms)
+        producer.flush(30)
+
+
+def raw_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> float:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    started, count = time.perf_counter(), 0
+    while count < expected:
+        count += sum(1 for m in consumer.consume(10_000, 1.0) if m.error() is None)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=16)
+    args = parser.parse_args()
+    total = (args.records // args.partitions) * args.partitions
+    tmp = Path(tempfile.mkdtemp(prefix="slackwater-bench-"))
+    with EmbeddedBroker() as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topic, control = "bench-data", "bench-control"
+        for future in admin.create_topics(
+            [
+                NewTopic(topic, num_partitions=args.partitions, replication_factor=1),
+                NewTopic(control, num_partitions=1, replication_factor=1),
+            ]
+        ).values():
+            future.result(30)
+        started = time.perf_counter()
+        produce(bootstrap, topic, total, args.partitions)
+        print(f"produced {total:,} records in {time.perf_counter() - started:.1f}s", flush=True)
+
+        seconds = {"a": raw_consume(bootstrap, topic, args.partitions, total)}
+        spark = spark_session("slackwater-bench")
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(KafkaDataSource)
+
+        def source() -> DataFrame:
+            return (
+                spark.readStream.format("slackwater-kafka")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", topic)
+                .load()
+            )
+
+        def timed(query_builder: DataStreamWriter) -> float:
+            started = time.perf_counter()
+            query = query_builder.trigger(availableNow=True).start()
+            query.awaitTermination()
+            return time.perf_counter() - started
+
+        seconds["b"] = timed(
+            source().writeStream.format("noop").option("checkpointLocation", str(tmp / "b"))
+        )
+        seconds["c"] = timed(
+            source()
+            .withWatermark("timestamp", "2 seconds")
+            .groupBy(F.window("timestamp", "10 seconds"), "key")
+            .count()
+            .writeStream.format("noop")
+            .outputMode("append")
+            .option("checkpointLocation", str(tmp / "c"))
+        )
+        config = ConsumerConfig(
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            control_topic=control,
+            window_ms=10_000,
+            max_out_of_orderness_ms=2_000,
+            output=str(tmp / "d-out"),
+            checkpoint=str(tmp / "d"),
+            trigger_ms=100,
+            metrics_port=None,
+        )
+        processed = [0]
+        started = time.perf_counter()
+        query = start(
+            spark,
+            config,
+            on_batch=lambda report, _: processed.__setitem__(0, processed[0] + report.records),
+        )
+        query.processAllAvailable()
+        seconds["d"] = time.perf_counter() - started
+        query.stop()
+        assert processed[0] == total, f"slackwater processed {processed[0]} of {total}"
+        spark.stop()
+    names = {
+        "a": "raw confluent-kafka consume",
+        "b": "data source -> noop sink",
+        "c": "plain Spark withWatermark + window count",
+        "d": "slackwater pipeline",
+    }
+    print(f"{'':3} {'reader':<44} {'seconds':>8} {'records/s':>11}")
+    for key, name in names.items():
+        print(f"({key}) {name:<44} {seconds[key]:>8.1f} {total / seconds[key]:>11,.0f}")
+    print(f"b/a = {seconds['a'] / seconds['b']:.2f}   d/c = {seconds['c'] / seconds['d']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
