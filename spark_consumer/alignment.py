@@ -68,6 +68,8 @@ class _Partition:
     # Offset of the IDLE marker applied last: data at or after it beats it.
     idle_offset: int | None = None
     pending: list[Marker] = field(default_factory=list)
+    # Wall time of the last batch with records (for the consumer-side idle timeout).
+    last_data_ms: int | None = None
 
 
 @dataclass
@@ -77,16 +79,23 @@ class Counters:
     markers_rejected: dict[str, int] = field(default_factory=dict)
     records_after_finished: int = 0
     data_reactivations: int = 0
+    consumer_idle_timeouts: int = 0
 
 
 class MarkerAligner:
     """Consumer-side partition statuses, pending markers and the valve."""
 
     def __init__(
-        self, topic: str, max_out_of_orderness_ms: int, partitions: Iterable[int] = ()
+        self,
+        topic: str,
+        max_out_of_orderness_ms: int,
+        partitions: Iterable[int] = (),
+        consumer_idle_timeout_ms: int | None = None,
     ) -> None:
         self.topic = topic
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
+        # The fallback without an emitter (DESIGN §6); None = off.
+        self.consumer_idle_timeout_ms = consumer_idle_timeout_ms
         self.partitions: dict[int, _Partition] = {}
         self.valve = StatusWatermarkValve([])
         self.counters = Counters()
@@ -124,8 +133,15 @@ class MarkerAligner:
         rejected[outcome.value] = rejected.get(outcome.value, 0) + 1
         return outcome
 
-    def advance(self, batch: dict[int, PartitionBatch]) -> list[Emitted]:
-        """Applies one micro-batch (see the module docstring); returns what the valve emits."""
+    def advance(
+        self,
+        batch: dict[int, PartitionBatch],
+        now_ms: int | None = None,
+    ) -> list[Emitted]:
+        """Applies one micro-batch (see the module docstring); returns what the valve emits.
+
+        ``now_ms`` (wall time) drives the optional consumer-side idle timeout.
+        """
         emitted = self.ensure_partitions(batch)
         for partition in sorted(self.partitions):
             state = self.partitions[partition]
@@ -133,7 +149,32 @@ class MarkerAligner:
             if seen is not None:
                 emitted += self._take_data(partition, state, seen)
             emitted += self._apply_pending(partition, state)
+            if now_ms is not None and self.consumer_idle_timeout_ms is not None:
+                emitted += self._consumer_idle_timeout(partition, state, seen, now_ms)
         return emitted
+
+    def _consumer_idle_timeout(
+        self, partition: int, state: _Partition, seen: PartitionBatch | None, now_ms: int
+    ) -> list[Emitted]:
+        """The fallback without an emitter (Flink's withIdleness): no records for the
+        timeout -> IDLE. Weaker than markers: it cannot tell "no data" from "data not
+        yet read", so a consumer that falls behind may make records late."""
+        assert self.consumer_idle_timeout_ms is not None
+        if seen is not None and seen.records:
+            state.last_data_ms = now_ms
+            return []
+        if state.last_data_ms is None:
+            state.last_data_ms = now_ms  # first sight: the clock starts now
+            return []
+        if (
+            state.status is not MarkerStatus.ACTIVE
+            or now_ms - state.last_data_ms < self.consumer_idle_timeout_ms
+        ):
+            return []
+        state.status = MarkerStatus.IDLE
+        state.idle_offset = state.read_position  # data from here on makes it ACTIVE again
+        self.counters.consumer_idle_timeouts += 1
+        return self.valve.input_status(partition, WatermarkStatus.IDLE)
 
     def _take_data(self, partition: int, state: _Partition, seen: PartitionBatch) -> list[Emitted]:
         emitted: list[Emitted] = []
@@ -213,7 +254,9 @@ class MarkerAligner:
                 "markers_rejected": dict(self.counters.markers_rejected),
                 "records_after_finished": self.counters.records_after_finished,
                 "data_reactivations": self.counters.data_reactivations,
+                "consumer_idle_timeouts": self.counters.consumer_idle_timeouts,
             },
+            "consumer_idle_timeout_ms": self.consumer_idle_timeout_ms,
             "partitions": {
                 str(p): {
                     "status": s.status.value,
@@ -222,6 +265,7 @@ class MarkerAligner:
                     "newest_event_ms": s.newest_event_ms,
                     "epoch": s.epoch,
                     "idle_offset": s.idle_offset,
+                    "last_data_ms": s.last_data_ms,
                     "pending": [m.model_dump(mode="json") for m in s.pending],
                 }
                 for p, s in self.partitions.items()
@@ -230,7 +274,11 @@ class MarkerAligner:
 
     @classmethod
     def restore(cls, snapshot: dict[str, Any]) -> MarkerAligner:
-        aligner = cls(snapshot["topic"], snapshot["max_out_of_orderness_ms"])
+        aligner = cls(
+            snapshot["topic"],
+            snapshot["max_out_of_orderness_ms"],
+            consumer_idle_timeout_ms=snapshot.get("consumer_idle_timeout_ms"),
+        )
         aligner.valve = StatusWatermarkValve.restore(snapshot["valve"])
         aligner.counters = Counters(**snapshot["counters"])
         for key, raw in snapshot["partitions"].items():
@@ -241,6 +289,7 @@ class MarkerAligner:
                 newest_event_ms=raw["newest_event_ms"],
                 epoch=raw["epoch"],
                 idle_offset=raw["idle_offset"],
+                last_data_ms=raw.get("last_data_ms"),
                 pending=[Marker.model_validate_json(_json(m)) for m in raw["pending"]],
             )
         return aligner

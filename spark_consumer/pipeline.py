@@ -102,7 +102,11 @@ class SlackwaterBatch:
             if p.name.split("-")[1].isdigit() and int(p.name.split("-")[1]) < batch_id
         )
         if not earlier:
-            return MarkerAligner(self.config.topic, self.config.max_out_of_orderness_ms), None
+            return MarkerAligner(
+                self.config.topic,
+                self.config.max_out_of_orderness_ms,
+                consumer_idle_timeout_ms=self.config.consumer_idle_timeout_ms,
+            ), None
         _, path = earlier[-1]
         snapshot = json.loads((path / "driver.json").read_text())
         open_windows = path / "open"
@@ -206,7 +210,7 @@ class SlackwaterBatch:
                 for partition in sorted(set(stats) | set(positions))
                 for row in [stats.get(partition)]
             }
-            emitted = aligner.advance(batch)
+            emitted = aligner.advance(batch, now_ms=time.time_ns() // 1_000_000)
             report.emitted = [
                 e.value if isinstance(e, WatermarkStatus) else f"W{e.timestamp}" for e in emitted
             ]

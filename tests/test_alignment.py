@@ -169,3 +169,24 @@ def test_snapshot_restore_continues_identically() -> None:
     step = {0: data(15, 2, 3)}
     assert b.advance(step) == a.advance(step)
     assert b.snapshot() == a.snapshot()
+
+
+def test_consumer_idle_timeout_fallback_idles_a_silent_partition_until_data() -> None:
+    a = MarkerAligner(
+        T, max_out_of_orderness_ms=0, partitions=[0, 1], consumer_idle_timeout_ms=1_000
+    )
+    assert a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0) == [Watermark(10)]
+    assert a.advance({1: data(30, 1, 2)}, now_ms=600) == []
+    # p0 silent for 1 s of wall time: IDLE, the output follows p1.
+    assert a.advance({1: data(40, 2, 3)}, now_ms=1_000) == [Watermark(30), Watermark(40)]
+    assert a.status_of(0) is IDLE and a.counters.consumer_idle_timeouts == 1
+    # data on p0 makes it ACTIVE again at once (data beats the timeout too)
+    assert a.advance({0: data(50, 1, 2)}, now_ms=1_100) == []
+    assert a.status_of(0) is ACTIVE
+
+
+def test_consumer_idle_timeout_is_off_without_a_setting() -> None:
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0)
+    assert a.advance({1: data(40, 1, 2)}, now_ms=10**9) == []
+    assert a.status_of(0) is ACTIVE
