@@ -18,7 +18,12 @@ from tests.pipeline_harness import Writer
 
 
 def _consume(
-    broker: EmbeddedBroker, topic: str, control: str, tmp: Path, log: Path
+    broker: EmbeddedBroker,
+    topic: str,
+    control: str,
+    tmp: Path,
+    log: Path,
+    metrics_port: int | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
@@ -43,7 +48,7 @@ def _consume(
             "--checkpoint",
             str(tmp / "checkpoint"),
             "--metrics-port",
-            str(free_port()),
+            str(metrics_port or free_port()),
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
@@ -61,6 +66,21 @@ def _wait(
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:]}")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
 
 
 def test_sigkill_and_restart_give_every_window_exactly_once(
@@ -85,7 +105,8 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
-    second_run = _consume(broker, topic, control, tmp_path, log)
+    metrics_port = free_port()
+    second_run = _consume(broker, topic, control, tmp_path, log, metrics_port)
     try:
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)
@@ -104,6 +125,13 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
         assert len(rows) == expected_windows
         assert all(r["count"] == 5 for r in rows)
         assert not list((tmp_path / "out-late").glob("batch-*"))  # nothing late
+        metrics = _scrape(metrics_port)
+        assert metrics["slackwater_consumer_up"] == 1
+        assert metrics['slackwater_consumer_valve_status{status="FINISHED"}'] == 1
+        assert metrics["slackwater_consumer_valve_watermark_ms"] == float(2**63 - 1)
+        assert metrics["slackwater_consumer_records_late_total"] == 0
+        assert metrics["slackwater_consumer_markers_applied"] == 2
+        assert metrics["slackwater_consumer_windows_emitted_total"] >= 1
         second_run.terminate()  # SIGTERM to the driver alone, as a supervisor would
         assert second_run.wait(60) == 0
     finally:
