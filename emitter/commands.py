@@ -25,7 +25,7 @@ from emitter.control_topic import (
     last_marker_per_partition,
 )
 from emitter.markers import FinishRequest, MarkerStatus
-from emitter.settings import ConfigError, load_config, parse_key_values
+from emitter.settings import ConfigError, config_from_args, parse_key_values
 
 EXIT_CONFIG = 2
 
@@ -77,14 +77,8 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
 def run_emit(args: argparse.Namespace) -> int:
     from emitter.service import Emitter
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    cli = {
-        k: v for k, v in vars(args).items() if k not in ("config", "log_level", "run", "command")
-    }
     try:
-        config = load_config(EmitterConfig, cli, args.config)
+        config = config_from_args(EmitterConfig, args)
     except ConfigError as error:
         print(f"slackwater emit: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -31,7 +31,7 @@ from emitter.control_topic import (
 from emitter.detector import Detector, Observation, Proposal
 from emitter.http_server import MetricsServer
 from emitter.lag import LogEndTimeline, Ownership, lag_offsets, ownership
-from emitter.markers import FinishRequest, Marker
+from emitter.markers import EpochClaim, FinishRequest, Marker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
 from emitter.observer import BrokerObserver, BrokerView
 
@@ -208,7 +208,7 @@ class Emitter:
                 with self._lock:
                     self.detector.request_finish(record.topic, record.partition)
             elif (
-                isinstance(record, Marker)
+                isinstance(record, Marker | EpochClaim)
                 and self.epoch is not None
                 and record.epoch > self.epoch
                 and not self.fenced

@@ -91,6 +91,19 @@ def load_config(
         raise ConfigError(f"invalid config field '{field}': {message}{extra}") from None
 
 
+def config_from_args(model: type[_Config], args: Any) -> _Config:
+    """A service's config from its argparse namespace (flags that were given), its
+    ``--config`` file and the environment; sets up logging at ``--log-level``."""
+    import logging
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    not_settings = ("config", "log_level", "run", "command")
+    flags = {k: v for k, v in vars(args).items() if k not in not_settings}
+    return load_config(model, flags, args.config)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text())

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from emitter.settings import ConfigError, load_config
+from emitter.settings import ConfigError, config_from_args
 
 EXIT_CONFIG = 2
 
@@ -45,18 +45,12 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
 def run_consume(args: argparse.Namespace) -> int:
     from spark_consumer.config import ConsumerConfig
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    cli = {
-        k: v for k, v in vars(args).items() if k not in ("config", "log_level", "run", "command")
-    }
     try:
-        config = load_config(ConsumerConfig, cli, args.config)
+        config = config_from_args(ConsumerConfig, args)
     except ConfigError as error:
         print(f"slackwater consume: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     from spark_consumer.java_check import check_java
 
     problem = check_java()

@@ -23,6 +23,7 @@ def _consume(
     control: str,
     tmp: Path,
     log: Path,
+    *,
     metrics_port: int | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -106,7 +107,7 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
     metrics_port = free_port()
-    second_run = _consume(broker, topic, control, tmp_path, log, metrics_port)
+    second_run = _consume(broker, topic, control, tmp_path, log, metrics_port=metrics_port)
     try:
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)

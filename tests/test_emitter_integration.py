@@ -48,6 +48,32 @@ def emitters(broker: EmbeddedBroker) -> Iterator[EmitterFactory]:
             running.stop()
 
 
+def _finish(
+    broker: EmbeddedBroker, control: str, topic: str, partition: int
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``slackwater finish`` as a user would."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emitter.cli",
+            "finish",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--control-topic",
+            control,
+            "--topic",
+            topic,
+            "--partition",
+            str(partition),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def _control() -> str:
     return f"ctl-{uuid.uuid4().hex[:12]}"
 
@@ -115,26 +141,7 @@ def test_finish_publishes_finished_and_nothing_after(
     topic, control = new_topic(partitions=1), _control()
     produce_one(broker.bootstrap_servers, topic, 0, count=4)
     emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "emitter.cli",
-            "finish",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--control-topic",
-            control,
-            "--topic",
-            topic,
-            "--partition",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _finish(broker, control, topic, 0)
     assert result.returncode == 0, result.stderr
     wait_until(lambda: _markers_of(broker.bootstrap_servers, control, 0), 5, "FINISHED")
     assert _markers_of(broker.bootstrap_servers, control, 0) == [(FINISHED, 4)]
@@ -167,26 +174,7 @@ def test_finish_for_unknown_partition_fails_clearly(
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
     emitters(topics=[topic], control_topic=control)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "emitter.cli",
-            "finish",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--control-topic",
-            control,
-            "--topic",
-            topic,
-            "--partition",
-            "7",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _finish(broker, control, topic, 7)
     assert result.returncode == 1
     assert f"no partition {topic}:7" in result.stderr
 
@@ -227,34 +215,15 @@ def test_newer_emitter_fences_the_older_one(
     old = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
     new = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
     assert (old.emitter.epoch, new.emitter.epoch) == (1, 2)
-    produce_one(broker.bootstrap_servers, topic, 0)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "emitter.cli",
-            "finish",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--control-topic",
-            control,
-            "--topic",
-            topic,
-            "--partition",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0
+    # The new emitter's epoch claim alone fences the old one, before any marker.
     wait_until(lambda: old.metric("slackwater_emitter_fenced") == 1, 5, "old emitter fenced")
+    assert new.metric("slackwater_emitter_fenced") == 0
+    produce_one(broker.bootstrap_servers, topic, 0)
+    assert _finish(broker, control, topic, 0).returncode == 0
+    wait_until(lambda: control_markers(broker.bootstrap_servers, control), 5, "FINISHED")
+    time.sleep(4 * POLL_S)  # time for the old emitter to publish too, if it would
     markers = control_markers(broker.bootstrap_servers, control)
-    # Both saw the request; whichever wrote first, no marker of epoch 1 follows one of epoch 2.
-    epochs = [m.epoch for m in markers]
-    assert epochs == sorted(epochs) and 2 in epochs
-    assert [(m.status, m.offset) for m in markers if m.epoch == 2] == [(FINISHED, 1)]
+    assert [(m.status, m.offset, m.epoch) for m in markers] == [(FINISHED, 1, 2)]
 
 
 def test_malformed_control_records_are_counted_and_skipped(
