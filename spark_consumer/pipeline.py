@@ -376,17 +376,25 @@ def start(
 
 
 def _partition_lister(config: ConsumerConfig) -> Callable[[], list[int]]:
-    """Every partition of the data topic, so that one without data yet holds the watermark."""
+    """Every partition of the data topic, so that one without data yet holds the watermark.
+
+    A short-lived Admin client per call: one metadata request per micro-batch, and no
+    client that outlives the query.
+    """
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({**config.kafka_config, "bootstrap.servers": config.bootstrap_servers})
+    settings: dict[str, str | int | float | bool] = {
+        **config.kafka_config,
+        "bootstrap.servers": config.bootstrap_servers,
+    }
 
     def partitions() -> list[int]:
         try:
-            topic = admin.list_topics(topic=config.topic, timeout=10).topics.get(config.topic)
+            metadata = AdminClient(settings).list_topics(topic=config.topic, timeout=10)
         except Exception as error:
             log.warning("cannot list partitions of %s: %s", config.topic, error)
             return []
+        topic = metadata.topics.get(config.topic)
         return sorted(topic.partitions) if topic is not None and topic.error is None else []
 
     return partitions

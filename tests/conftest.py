@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
     try:
         yield embedded
     finally:
+        # Kafka clients that tests left for the garbage collector go first, while the
+        # broker still answers; else librdkafka logs refused connections at exit.
+        gc.collect()
         embedded.stop()
 
 
@@ -47,8 +51,11 @@ def new_topic(admin: AdminClient) -> TopicFactory:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """One local SparkSession for every Spark test (starting one takes seconds)."""
+def spark(broker: EmbeddedBroker) -> Iterator[object]:
+    """One local SparkSession for every Spark test (starting one takes seconds).
+
+    It depends on ``broker`` so that it stops first, with the clients its queries hold.
+    """
     from spark_consumer.kafka_source import KafkaDataSource
     from spark_consumer.pipeline import spark_session
 
