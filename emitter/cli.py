@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from emitter.commands import (
@@ -51,11 +52,22 @@ def _run_broker(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from spark_consumer.demo import run_demo
+    from emitter.settings import parse_duration_ms
+    from spark_consumer.java_check import check_java
+    from spark_consumer.live_demo import run_live_demo
 
+    try:
+        duration_s = parse_duration_ms(args.duration) / 1000
+    except ValueError as error:
+        print(f"slackwater demo: invalid config field 'duration': {error}", file=sys.stderr)
+        return 2
+    problem = check_java()
+    if problem is not None:
+        print(f"slackwater demo: {problem}", file=sys.stderr)
+        return 1
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        return run_demo()
+        return run_live_demo(duration_s, Path(args.output) if args.output else None)
     except (KeyboardInterrupt, _Stop):
         print("demo interrupted", file=sys.stderr)
         return 130
@@ -107,8 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.set_defaults(run=run_consume)
 
     demo = commands.add_parser(
-        "demo", help="the embedded broker, markers and the valve, end to end"
+        "demo", help="the main job on the embedded broker: producer, emitter, Spark consumer"
     )
+    demo.add_argument("--duration", default="90s", help="how long to produce (default 90s)")
+    demo.add_argument("--output", metavar="DIR", help="where windows go (default: a temp dir)")
     demo.set_defaults(run=_run_demo)
     return parser
 
