@@ -75,6 +75,31 @@ def _run_demo(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _run_demo_producer(args: argparse.Namespace) -> int:
+    import threading
+
+    from emitter.settings import parse_duration_ms
+    from spark_consumer.live_demo import DemoState, produce_script
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        print(f"producing to {args.topic} for {args.duration}", flush=True)
+        produce_script(
+            args.bootstrap_servers,
+            parse_duration_ms(args.duration) / 1000,
+            DemoState(),
+            stop,
+            topic=args.topic,
+            control_topic=args.control_topic,
+        )
+        return 0
+    except (KeyboardInterrupt, _Stop):
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slackwater",
@@ -124,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", default="90s", help="how long to produce (default 90s)")
     demo.add_argument("--output", metavar="DIR", help="where windows go (default: a temp dir)")
     demo.set_defaults(run=_run_demo)
+
+    producer = commands.add_parser(
+        "demo-producer", help="the demo's scripted producer against any Kafka (Docker Compose)"
+    )
+    producer.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    producer.add_argument("--topic", default="demo-events")
+    producer.add_argument("--control-topic", default="demo-control")
+    producer.add_argument("--duration", default="10m")
+    producer.set_defaults(run=_run_demo_producer)
     return parser
 
 

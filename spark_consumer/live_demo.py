@@ -71,9 +71,17 @@ class DemoState:
                 self.windows_while_quiet_idle += report.windows_emitted
 
 
-def _producer_loop(
-    bootstrap: str, duration_s: float, started: float, state: DemoState, stop: threading.Event
+def produce_script(
+    bootstrap: str,
+    duration_s: float,
+    state: DemoState,
+    stop: threading.Event,
+    *,
+    topic: str = DATA_TOPIC,
+    control_topic: str = CONTROL_TOPIC,
 ) -> None:
+    """The demo's producer script (module docstring), from now for ``duration_s``."""
+    started = time.monotonic()
     # One record per request: the embedded broker's log end stays exact (DESIGN §7).
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     rng = random.Random(42)
@@ -89,7 +97,7 @@ def _producer_loop(
                 continue
             event_ms = time.time_ns() // 1_000_000 - rng.randrange(0, 800)
             producer.produce(
-                DATA_TOPIC,
+                topic,
                 key=f"sensor-{partition}".encode(),
                 value=b"{}",
                 partition=partition,
@@ -99,10 +107,10 @@ def _producer_loop(
             with state.lock:
                 state.produced[partition] += 1
         if not finish_sent and elapsed >= 0.35 * duration_s:
-            writer = ControlTopicWriter(bootstrap, CONTROL_TOPIC, {}, 10.0)
+            writer = ControlTopicWriter(bootstrap, control_topic, {}, 10.0)
             writer.write(
                 FinishRequest(
-                    topic=DATA_TOPIC,
+                    topic=topic,
                     partition=FINISHED_PARTITION,
                     requested_at=time.time_ns() // 1_000_000,
                     requested_by="slackwater demo",
@@ -208,7 +216,7 @@ def run_live_demo(
         )
         started = time.monotonic()
         producer = threading.Thread(
-            target=_producer_loop, args=(bootstrap, duration_s, started, state, stop), daemon=True
+            target=produce_script, args=(bootstrap, duration_s, state, stop), daemon=True
         )
         producer.start()
         query = start(spark, config, on_batch=state.on_batch)

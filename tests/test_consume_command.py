@@ -15,6 +15,7 @@ from emitter.markers import MarkerStatus
 from spark_consumer.pipeline import load_report_lines
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import Writer
+from tests.test_deploy import deploy_metric_names
 
 
 def _consume(
@@ -133,6 +134,10 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
         assert metrics["slackwater_consumer_records_late_total"] == 0
         assert metrics["slackwater_consumer_markers_applied"] == 2
         assert metrics["slackwater_consumer_windows_emitted_total"] >= 1
+        # Every consumer series the Grafana dashboard and the alert rules query exists.
+        exported = {name.split("{")[0] for name in metrics}
+        wanted = {n for n in deploy_metric_names() if n.startswith("slackwater_consumer_")}
+        assert wanted and wanted <= exported, wanted - exported
         second_run.terminate()  # SIGTERM to the driver alone, as a supervisor would
         assert second_run.wait(60) == 0
     finally:
