@@ -67,7 +67,9 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 1
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        return run_live_demo(duration_s, Path(args.output) if args.output else None)
+        return run_live_demo(
+            duration_s, Path(args.output) if args.output else None, compare=args.compare
+        )
     except (KeyboardInterrupt, _Stop):
         print("demo interrupted", file=sys.stderr)
         return 130
@@ -148,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--duration", default="90s", help="how long to produce (default 90s)")
     demo.add_argument("--output", metavar="DIR", help="where windows go (default: a temp dir)")
+    demo.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain Spark watermarks on the same input, side by side",
+    )
     demo.set_defaults(run=_run_demo)
 
     producer = commands.add_parser(

@@ -10,7 +10,9 @@ Script, as shares of ``--duration`` D (event time = wall clock, every
 record up to 0.8 s out of order, within the 1 s bound):
 
     0 ........ 0.2D ........ 0.25D .... 0.35D ........ 0.6D ........ D
-    p0-p4, p6: steady traffic all along
+    p0-p4, p6: steady traffic all along; p3's records arrive 3 s after their
+               event time (a slow upstream: plain Spark drops them as late,
+               the valve waits for them)
     p5:  traffic | quiet (the emitter marks it IDLE)   | traffic again
     p7:  traffic ............ | stops | finished with `slackwater finish`
 """
@@ -28,6 +30,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -39,11 +44,13 @@ from emitter.markers import FinishRequest, MarkerStatus
 from emitter.service import Emitter
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.config import ConsumerConfig
+from spark_consumer.demo_chart import Sample, write_chart
 from spark_consumer.pipeline import BatchReport, load_report_lines, spark_session, start
 from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
 PARTITIONS = 8
-QUIET, FINISHED_PARTITION = 5, 7
+QUIET, FINISHED_PARTITION, LAGGING = 5, 7, 3
+LAG_MS = 3_000  # p3's records reach Kafka 3 s after their event time (a slow upstream)
 RECORDS_PER_SECOND = 8
 DATA_TOPIC, CONTROL_TOPIC = "demo-events", "demo-control"
 
@@ -57,12 +64,25 @@ class DemoState:
     produced: Counter[int] = field(default_factory=Counter)
     windows_while_quiet_idle: int = 0
     events: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    plain_spark_lost: int | None = None
+    started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_batch(self, report: BatchReport, aligner: MarkerAligner) -> None:
         with self.lock:
             self.reports.append(report)
             self.aligner = aligner
+            self.samples.append(
+                Sample(
+                    wall_s=time.monotonic() - self.started,
+                    valve_watermark_ms=aligner.valve.watermark,
+                    partition_watermark_ms={
+                        p: aligner.valve.channel_watermark(p) for p in aligner.partitions
+                    },
+                    partition_status={p: aligner.status_of(p) for p in aligner.partitions},
+                )
+            )
             if (
                 QUIET in aligner.partitions
                 and report.windows_emitted
@@ -96,6 +116,8 @@ def produce_script(
             if quiet or ended:
                 continue
             event_ms = time.time_ns() // 1_000_000 - rng.randrange(0, 800)
+            if partition == LAGGING:
+                event_ms -= LAG_MS
             producer.produce(
                 topic,
                 key=f"sensor-{partition}".encode(),
@@ -169,9 +191,12 @@ def _view(state: DemoState, emitter: Emitter, elapsed: float, duration_s: float)
 
 
 def run_live_demo(
-    duration_s: float = 90.0, output_dir: Path | None = None, console: Console | None = None
+    duration_s: float = 90.0,
+    output_dir: Path | None = None,
+    console: Console | None = None,
+    compare: bool = False,
 ) -> int:
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     output_dir = output_dir or Path(tempfile.mkdtemp(prefix="slackwater-demo-"))
     state = DemoState()
     stop = threading.Event()
@@ -214,24 +239,31 @@ def run_live_demo(
             checkpoint=str(output_dir / "checkpoint"),
             metrics_port=None,
         )
-        started = time.monotonic()
         producer = threading.Thread(
             target=produce_script, args=(bootstrap, duration_s, state, stop), daemon=True
         )
         producer.start()
         query = start(spark, config, on_batch=state.on_batch)
+        plain = _start_plain_spark(spark, config) if compare else None
         try:
-            with Live(console=console, refresh_per_second=4) as live:
-                while producer.is_alive():
-                    elapsed = time.monotonic() - started
-                    live.update(_view(state, emitter, elapsed, duration_s))
-                    if query.exception() is not None:
-                        break
-                    time.sleep(0.25)
-                query.processAllAvailable()
-                live.update(_view(state, emitter, time.monotonic() - started, duration_s))
+            _watch(
+                console,
+                state,
+                emitter=emitter,
+                query=query,
+                producer=producer,
+                duration_s=duration_s,
+            )
+            stop.set()  # the emitter stops: no new markers, so no new micro-batch
+            emitter_thread.join(30)
+            query.processAllAvailable()
+            if plain is not None:
+                plain.processAllAvailable()
+                _print_comparison(console, spark, plain, state, output_dir)
         finally:
             stop.set()
+            if plain is not None and plain.isActive:
+                plain.stop()
             if query.isActive:
                 query.stop()
             spark.stop()
@@ -241,6 +273,91 @@ def run_live_demo(
             del emitter, query  # their Kafka clients go before the broker does
             gc.collect()
     return _summary(console, state, markers, output_dir, failure)
+
+
+def _watch(
+    console: Console,
+    state: DemoState,
+    *,
+    emitter: Emitter,
+    query: StreamingQuery,
+    producer: threading.Thread,
+    duration_s: float,
+) -> None:
+    """The live view, until the script ended and the emitter marked every partition.
+
+    The input stops at the end of the script; the emitter then marks every
+    partition IDLE, the valve flushes and the last windows close.
+    """
+    quiet_until: float | None = None
+    with Live(console=console, refresh_per_second=4) as live:
+        while query.exception() is None:
+            live.update(_view(state, emitter, time.monotonic() - state.started, duration_s))
+            if not producer.is_alive():
+                quiet_until = quiet_until or time.monotonic() + 8.0
+                if time.monotonic() > quiet_until or _all_marked(emitter):
+                    break
+            time.sleep(0.25)
+        live.update(_view(state, emitter, time.monotonic() - state.started, duration_s))
+
+
+def _all_marked(emitter: Emitter) -> bool:
+    """Every partition IDLE or FINISHED at the emitter (the input has stopped)."""
+    states = list(emitter.detector.partitions.values())
+    return bool(states) and all(s.status is not MarkerStatus.ACTIVE for s in states)
+
+
+def _start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQuery:
+    """The same input through Spark's own watermark: max event time - delay, all partitions."""
+    return (
+        spark.readStream.format("slackwater-kafka")
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("subscribe", config.topic)
+        .load()
+        .withWatermark("timestamp", f"{config.max_out_of_orderness_ms} milliseconds")
+        .groupBy(
+            F.window("timestamp", f"{config.window_ms} milliseconds"),
+            F.col("key").cast("string").alias("key"),
+        )
+        .count()
+        .writeStream.outputMode("append")
+        .format("memory")
+        .queryName("plain_spark")
+        .option("checkpointLocation", str(Path(config.checkpoint) / "plain-spark"))
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .start()
+    )
+
+
+def _print_comparison(
+    console: Console, spark: SparkSession, plain: StreamingQuery, state: DemoState, output_dir: Path
+) -> None:
+    ours = {
+        (r["window_start"], r["key"]): int(r["count"])
+        for r in load_report_lines(output_dir / "windows")
+    }
+    theirs = {
+        (row["start"].strftime("%Y-%m-%dT%H:%M:%S.000Z"), row["key"]): int(row["count"])
+        for row in spark.sql("select window.start as start, key, count from plain_spark").collect()
+    }
+    both = set(ours) & set(theirs)
+    lost = sum(ours[k] - theirs[k] for k in both)
+    table = Table(title="the same input, side by side")
+    for column in ("", "slackwater", "plain Spark withWatermark"):
+        table.add_column(column)
+    table.add_row("window-key rows emitted", str(len(ours)), str(len(theirs)))
+    table.add_row(
+        "records counted in the windows both emitted",
+        str(sum(ours[k] for k in both)),
+        str(sum(theirs[k] for k in both)),
+    )
+    table.add_row(
+        "records dropped as late",
+        f"{sum(r.late for r in state.reports)}",
+        f"{lost} (silently; p{LAGGING} lags {LAG_MS // 1000} s)",
+    )
+    console.print(table)
+    state.plain_spark_lost = lost
 
 
 def _markers_published(emitter: Emitter) -> dict[str, int]:
@@ -265,6 +382,9 @@ def _summary(
 ) -> int:
     windows = load_report_lines(output_dir / "windows")
     late = sum(r.late for r in state.reports)
+    chart = (
+        write_chart(state.samples, output_dir / "slackwater-demo.png") if state.samples else None
+    )
     console.print()
     console.print(f"records produced        {sum(state.produced.values())}")
     console.print(f"micro-batches           {len(state.reports)}")
@@ -273,8 +393,10 @@ def _summary(
     console.print(f"late records            {late} (0 expected)")
     console.print(f"markers published       {markers}")
     console.print(f"windows written to      {output_dir / 'windows'}")
+    console.print(f"chart                   {chart}")
+    if state.plain_spark_lost is not None:
+        console.print(f"plain Spark lost        {state.plain_spark_lost} records (--compare)")
     if failure is not None:
         console.print(f"[red]the streaming query failed: {failure}[/red]")
         return 1
-    ok = late == 0 and len(windows) > 0 and state.windows_while_quiet_idle > 0
-    return 0 if ok else 1
+    return 0 if late == 0 and windows else 1

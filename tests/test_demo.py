@@ -38,3 +38,6 @@ def test_demo_runs_the_main_job_with_no_late_records(tmp_path: Path) -> None:
     windows = load_report_lines(tmp_path / "windows")
     assert windows and all(row["count"] > 0 for row in windows)
     assert not list((tmp_path / "windows-late").glob("batch-*"))
+    chart = tmp_path / "slackwater-demo.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"chart                   {chart}" in summary
