@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import gc
 import random
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -38,9 +40,8 @@ from rich.live import Live
 from rich.table import Table
 
 from emitter.config import EmitterConfig
-from emitter.control_topic import ControlTopicWriter
 from emitter.embedded_broker import EmbeddedBroker
-from emitter.markers import FinishRequest, MarkerStatus
+from emitter.markers import MarkerStatus
 from emitter.service import Emitter
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.config import ConsumerConfig
@@ -129,19 +130,33 @@ def produce_script(
             with state.lock:
                 state.produced[partition] += 1
         if not finish_sent and elapsed >= 0.35 * duration_s:
-            writer = ControlTopicWriter(bootstrap, control_topic, {}, 10.0)
-            writer.write(
-                FinishRequest(
-                    topic=topic,
-                    partition=FINISHED_PARTITION,
-                    requested_at=time.time_ns() // 1_000_000,
-                    requested_by="slackwater demo",
-                )
+            # The real command, as an operator would run it.
+            finish = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "emitter.cli",
+                    "finish",
+                    "--bootstrap-servers",
+                    bootstrap,
+                    "--control-topic",
+                    control_topic,
+                    "--topic",
+                    topic,
+                    "--partition",
+                    str(FINISHED_PARTITION),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
             )
-            writer.close()
             finish_sent = True
+            outcome = "ok" if finish.returncode == 0 else f"failed: {finish.stderr.strip()}"
             with state.lock:
-                state.events.append(f"{elapsed:5.1f}s  slackwater finish p{FINISHED_PARTITION}")
+                state.events.append(
+                    f"{elapsed:5.1f}s  slackwater finish p{FINISHED_PARTITION}: {outcome}"
+                )
         stop.wait(1 / RECORDS_PER_SECOND)
 
 
