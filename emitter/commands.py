@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import logging
-import signal
 import socket
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +21,7 @@ from emitter.control_topic import (
     ControlTopicWriter,
     last_marker_per_partition,
 )
+from emitter.lifecycle import stop_on_signals
 from emitter.markers import FinishRequest, MarkerStatus
 from emitter.settings import ConfigError, config_from_args, parse_key_values
 
@@ -82,14 +80,7 @@ def run_emit(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"slackwater emit: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: object) -> None:
-        logging.getLogger("emitter").info("%s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals("emitter")
     try:
         emitter = Emitter(config)
     except KafkaException as error:

@@ -9,6 +9,7 @@ exit code 2.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -94,8 +95,6 @@ def load_config(
 def config_from_args(model: type[_Config], args: Any) -> _Config:
     """A service's config from its argparse namespace (flags that were given), its
     ``--config`` file and the environment; sets up logging at ``--log-level``."""
-    import logging
-
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
+from emitter.lifecycle import stop_on_signals
 from emitter.settings import ConfigError, config_from_args
 
 EXIT_CONFIG = 2
@@ -68,14 +67,7 @@ def run_consume(args: argparse.Namespace) -> int:
         server = MetricsServer(
             config.metrics_host, config.metrics_port, metrics.registry, {}
         ).start()
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: object) -> None:
-        logging.getLogger("spark_consumer").info("%s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals("spark_consumer")
     spark = spark_session()
     spark.sparkContext.setLogLevel("WARN")
     query = start(spark, config, on_batch=metrics.record)
