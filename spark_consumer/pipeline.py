@@ -211,9 +211,7 @@ class SlackwaterBatch:
                 for row in [stats.get(partition)]
             }
             emitted = aligner.advance(batch, now_ms=time.time_ns() // 1_000_000)
-            report.emitted = [
-                e.value if isinstance(e, WatermarkStatus) else f"W{e.timestamp}" for e in emitted
-            ]
+            report.emitted = [describe(element) for element in emitted]
             watermark_after = aligner.valve.watermark
             report.records = sum(int(r.records) for r in stats.values())
             report.late = sum(int(r.late) for r in stats.values())
@@ -401,6 +399,7 @@ def _partition_lister(config: ConsumerConfig) -> Callable[[], list[int]]:
 
 
 def describe(element: Watermark | WatermarkStatus) -> str:
+    """A valve element in a log line or report: ``W<ms>`` or the status name."""
     if isinstance(element, WatermarkStatus):
         return element.value
     return f"W{element.timestamp}"
