@@ -239,7 +239,6 @@ def run_live_demo(
             )
         )
         emitter_thread = threading.Thread(target=emitter.run, args=(stop,), daemon=True)
-        emitter_thread.start()
         console.print("starting Spark (local[2]) ...")
         spark = spark_session("slackwater-demo")
         spark.sparkContext.setLogLevel("ERROR")
@@ -254,12 +253,26 @@ def run_live_demo(
             checkpoint=str(output_dir / "checkpoint"),
             metrics_port=None,
         )
+        query = start(spark, config, on_batch=state.on_batch)
+        plain = _start_plain_spark(spark, config) if compare else None
+        # The emitter and the script start once the consumer's trigger loop runs,
+        # so that what they show happens while the consumer is live, however long
+        # Spark took to start (and no empty partition is marked IDLE meanwhile).
+        deadline = time.monotonic() + 180
+        while (
+            query.exception() is None
+            and time.monotonic() < deadline
+            and "Waiting" not in str(query.status.get("message", ""))
+        ):
+            time.sleep(0.2)
+        emitter_thread.start()
+        with state.lock:
+            state.started = time.monotonic()
+            state.samples.clear()  # the chart's time axis is the script's
         producer = threading.Thread(
             target=produce_script, args=(bootstrap, duration_s, state, stop), daemon=True
         )
         producer.start()
-        query = start(spark, config, on_batch=state.on_batch)
-        plain = _start_plain_spark(spark, config) if compare else None
         try:
             _watch(
                 console,
