@@ -78,28 +78,21 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_demo_producer(args: argparse.Namespace) -> int:
-    import threading
-
+    from emitter.lifecycle import stop_on_signals
     from emitter.settings import parse_duration_ms
     from spark_consumer.live_demo import DemoState, produce_script
 
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
-    try:
-        print(f"producing to {args.topic} for {args.duration}", flush=True)
-        produce_script(
-            args.bootstrap_servers,
-            parse_duration_ms(args.duration) / 1000,
-            DemoState(),
-            stop,
-            topic=args.topic,
-            control_topic=args.control_topic,
-        )
-        return 0
-    except (KeyboardInterrupt, _Stop):
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    stop = stop_on_signals("demo-producer")  # the script checks it between records
+    print(f"producing to {args.topic} for {args.duration}", flush=True)
+    produce_script(
+        args.bootstrap_servers,
+        parse_duration_ms(args.duration) / 1000,
+        DemoState(),
+        stop,
+        topic=args.topic,
+        control_topic=args.control_topic,
+    )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

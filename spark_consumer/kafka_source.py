@@ -175,11 +175,11 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     # The planning methods run in Spark's long-lived Python planner process.
 
-    def _log_ends(self) -> tuple[Offsets, Offsets]:
-        """(earliest, log end) of every partition of the subscribed topics, now.
+    def _offsets(self, position: str) -> Offsets:
+        """The ``earliest`` or ``latest`` offset of every partition of the topics, now.
 
-        One metadata request and one ListOffsets round per kind, not one
-        request per partition.
+        One metadata request and one ListOffsets round, not one request per
+        partition.
         """
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -193,25 +193,21 @@ class KafkaStreamReader(DataSourceStreamReader):
             if (described := metadata.topics.get(topic)) is not None and described.error is None
             for partition in sorted(described.partitions)
         ]
-        result: list[Offsets] = []
-        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
-            offsets: Offsets = {}
-            if partitions:
-                futures = admin.list_offsets(
-                    {tp: spec for tp in partitions}, request_timeout=timeout_s
-                )
-                for tp, future in futures.items():
-                    offset = future.result(timeout=timeout_s).offset
-                    offsets.setdefault(tp.topic, {})[str(tp.partition)] = int(offset)
-            result.append(offsets)
-        return result[0], result[1]
+        offsets: Offsets = {}
+        if not partitions:
+            return offsets
+        spec = getattr(OffsetSpec, position)()
+        futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=timeout_s)
+        for tp, future in futures.items():
+            offset = future.result(timeout=timeout_s).offset
+            offsets.setdefault(tp.topic, {})[str(tp.partition)] = int(offset)
+        return offsets
 
     def initialOffset(self) -> Offsets:  # noqa: N802
-        earliest, latest = self._log_ends()
-        return latest if self.options.starting_offsets == "latest" else earliest
+        return self._offsets(self.options.starting_offsets)
 
     def latestOffset(self, start: Offsets, limit: Any = None) -> Offsets:  # noqa: N802
-        _, latest = self._log_ends()
+        latest = self._offsets("latest")
         # Never go backwards from what a previous batch already read.
         for topic, partitions in start.items():
             for partition, offset in partitions.items():
