@@ -94,26 +94,27 @@ class SlackwaterBatch:
 
     # ----------------------------------------------------------------- state
 
+    def _state_dir(self, batch_id: int) -> Path:
+        # Zero-padded, so that names sort as batch ids do.
+        return self.state_root / f"state-{batch_id:012d}"
+
     def _load(self, batch_id: int) -> tuple[MarkerAligner, Path | None]:
         """The state saved by the newest batch before ``batch_id``."""
-        earlier = sorted(
-            (int(p.name.split("-")[1]), p)
-            for p in self.state_root.glob("state-*")
-            if p.name.split("-")[1].isdigit() and int(p.name.split("-")[1]) < batch_id
-        )
+        this = self._state_dir(batch_id).name
+        earlier = sorted(p for p in self.state_root.glob("state-*") if p.name < this)
         if not earlier:
             return MarkerAligner(
                 self.config.topic,
                 self.config.max_out_of_orderness_ms,
                 consumer_idle_timeout_ms=self.config.consumer_idle_timeout_ms,
             ), None
-        _, path = earlier[-1]
+        path = earlier[-1]
         snapshot = json.loads((path / "driver.json").read_text())
         open_windows = path / "open"
         return MarkerAligner.restore(snapshot), open_windows if open_windows.exists() else None
 
     def _save(self, batch_id: int, aligner: MarkerAligner, open_windows: DataFrame) -> None:
-        final = self.state_root / f"state-{batch_id:012d}"
+        final = self._state_dir(batch_id)
         if final.exists():
             return  # a replayed batch: the same state was saved before the crash
         temporary = self.state_root / f".tmp-state-{batch_id:012d}"
@@ -134,7 +135,7 @@ class SlackwaterBatch:
         self.state_root.mkdir(parents=True, exist_ok=True)
         aligner, open_path = self._load(batch_id)
         report = BatchReport(batch_id, watermark_before=aligner.valve.watermark)
-        report.replayed = (self.state_root / f"state-{batch_id:012d}").exists()
+        report.replayed = self._state_dir(batch_id).exists()
         if self.partitions_of is not None:
             aligner.ensure_partitions(self.partitions_of())
 
