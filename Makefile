@@ -1,17 +1,28 @@
 # The two commands of the README: `make demo` and `make test`. Both start from
-# nothing: they create .venv, install the project, and check Java first.
+# nothing: they check Python 3.11, Java 17+ and Maven first, create .venv, install the
+# project, and fetch Apache Kafka and Spark's Kafka source from Maven Central into .jars/
+# (deploy/jars/pom.xml), once: nothing downloads at run time.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+JARS := .jars/.fetched
+POMS := deploy/jars/pom.xml deploy/jars/kafka-broker/pom.xml deploy/jars/spark-kafka/pom.xml
 
-.PHONY: demo test check-tools test-tools lint typecheck unit bench clean
+.PHONY: demo test check-tools test-tools jars lint typecheck unit bench clean
 
-demo: check-tools $(STAMP)
+demo: check-tools $(STAMP) $(JARS)
 	$(BIN)/slackwater demo
 
-test: check-tools test-tools $(STAMP) lint typecheck unit
+test: check-tools test-tools $(STAMP) $(JARS) lint typecheck unit
+
+jars: $(JARS)
+
+$(JARS): $(POMS)
+	rm -rf .jars
+	mvn -q -B -f deploy/jars/pom.xml dependency:copy-dependencies
+	@touch $(JARS)
 
 check-tools:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
@@ -40,9 +51,9 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(JARS)
 	$(BIN)/python -m bench.valve_bench
 	$(BIN)/python -m bench.emitter_bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .jars .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import generate_latest
 
 from emitter.config import EmitterConfig
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from emitter.service import Emitter
 
 
@@ -59,7 +59,7 @@ def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None
 
 
 def measure(
-    broker: EmbeddedBroker, partitions: int, polls: int
+    broker: KafkaBroker, partitions: int, polls: int
 ) -> tuple[float, float, float, float]:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     topics = _create(admin, partitions)
@@ -103,7 +103,7 @@ def main() -> None:
         f"{'partitions':>10} {'median wall ms':>15} {'max wall ms':>12} "
         f"{'mean CPU ms':>12} {'CPU % at 1s':>12} {'/metrics ms':>12}"
     )
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         for partitions in (100, 1_000, 10_000):
             wall, worst, cpu, scrape = measure(broker, partitions, args.polls)
             print(

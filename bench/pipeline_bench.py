@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.kafka_source import KafkaDataSource
 from spark_consumer.pipeline import spark_session, start
@@ -92,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     total = (args.records // args.partitions) * args.partitions
     tmp = Path(tempfile.mkdtemp(prefix="slackwater-bench-"))
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         bootstrap = broker.bootstrap_servers
         admin = AdminClient({"bootstrap.servers": bootstrap})
         topic, control = "bench-data", "bench-control"

@@ -16,7 +16,7 @@ from emitter.commands import (
     run_finish,
     run_status,
 )
-from emitter.embedded_broker import BrokerError, EmbeddedBroker
+from emitter.kafka_broker import BrokerError, KafkaBroker
 
 
 class _Stop(Exception):
@@ -28,13 +28,21 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    broker = EmbeddedBroker(host=args.host, port=args.port)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        broker = KafkaBroker(
+            host=args.host,
+            port=args.port,
+            log_dir=Path(args.log_dir) if args.log_dir else None,
+        )
+    except BrokerError as error:
+        print(f"slackwater broker: {error}", file=sys.stderr)
+        return 2
     try:
         broker.start()
         print(
-            f"embedded Kafka broker (Tansu) listening; bootstrap servers: "
-            f"{broker.bootstrap_servers}",
+            f"Apache Kafka (KRaft) listening; bootstrap servers: {broker.bootstrap_servers}; "
+            f"log: {broker.server_log}",
             flush=True,
         )
         code = broker.wait()
@@ -103,10 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     broker = commands.add_parser(
-        "broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground"
+        "broker", help="run Apache Kafka (one KRaft node) on a loopback port in the foreground"
     )
     broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
+    broker.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="keep the broker's data here and reuse it on the next start "
+        "(default: a temporary directory, removed on stop)",
+    )
     broker.set_defaults(run=_run_broker)
 
     emit = commands.add_parser(
@@ -139,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.set_defaults(run=run_consume)
 
     demo = commands.add_parser(
-        "demo", help="the main job on the embedded broker: producer, emitter, Spark consumer"
+        "demo", help="the main job on a local Apache Kafka: producer, emitter, Spark consumer"
     )
     demo.add_argument("--duration", default="90s", help="how long to produce (default 90s)")
     demo.add_argument("--output", metavar="DIR", help="where windows go (default: a temp dir)")

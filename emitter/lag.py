@@ -83,6 +83,8 @@ def lag_offsets(log_end_offset: int, committed_offset: int | None) -> int | None
 class Ownership:
     partitions_without_owner: frozenset[TopicPartitionKey]
     members_without_partitions: frozenset[str]
+    # Which member owns each watched partition that has an owner.
+    owners: Mapping[TopicPartitionKey, str] = field(default_factory=dict)
 
 
 def ownership(
@@ -90,12 +92,12 @@ def ownership(
     assignment: Mapping[str, Iterable[TopicPartitionKey]],
 ) -> Ownership:
     """Which watched partitions no group member owns, and which members own nothing watched."""
-    owned: set[TopicPartitionKey] = set()
+    owners: dict[TopicPartitionKey, str] = {}
     idle_members: set[str] = set()
     watched_set = set(watched)
     for member, partitions in assignment.items():
         mine = watched_set.intersection(partitions)
-        owned |= mine
+        owners.update(dict.fromkeys(mine, member))
         if not mine:
             idle_members.add(member)
-    return Ownership(frozenset(watched_set - owned), frozenset(idle_members))
+    return Ownership(frozenset(watched_set - owners.keys()), frozenset(idle_members), owners)

@@ -50,6 +50,7 @@ class Snapshot:
     missing_topics: list[str] = field(default_factory=list)
     partitions_without_owner: int | None = None
     members_without_partitions: int | None = None
+    group_members: int | None = None
 
 
 class EmitterMetrics:
@@ -181,5 +182,13 @@ class _StateCollector(Collector):
             unowned.add_metric([snap.group], snap.partitions_without_owner)
         if snap.group is not None and snap.members_without_partitions is not None:
             idle_members.add_metric([snap.group], snap.members_without_partitions)
+        members = GaugeMetricFamily(
+            PREFIX + "group_members",
+            "Members of the watched group, as the group coordinator describes it.",
+            labels=["group"],
+        )
+        if snap.group is not None and snap.group_members is not None:
+            members.add_metric([snap.group], snap.group_members)
         yield unowned
         yield idle_members
+        yield members

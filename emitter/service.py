@@ -70,6 +70,7 @@ class Emitter:
         self._timelines: dict[TopicPartitionKey, LogEndTimeline] = {}
         self._committed: dict[TopicPartitionKey, int] = {}
         self._ownership: Ownership | None = None
+        self._assignment: dict[str, list[TopicPartitionKey]] | None = None
         self.metrics = EmitterMetrics(self.snapshot)
         self._timeout_s = config.request_timeout_ms / 1000
         kafka: dict[str, str | int | float | bool] = {
@@ -232,6 +233,7 @@ class Emitter:
         if view.committed_offsets is not None:
             self._committed = view.committed_offsets
         if view.assignment is not None:
+            self._assignment = view.assignment
             self._ownership = ownership(self.detector.partitions, view.assignment)
 
     def _publish(self, proposals: list[Proposal]) -> list[Marker]:
@@ -322,6 +324,7 @@ class Emitter:
                 members_without_partitions=(
                     len(owners.members_without_partitions) if owners else None
                 ),
+                group_members=len(self._assignment) if self._assignment is not None else None,
             )
 
     def status_view(self) -> dict[str, Any]:
@@ -330,6 +333,8 @@ class Emitter:
         with self._lock:
             markers = {k: s.last_marker for k, s in self.detector.partitions.items()}
             requested = {k for k, s in self.detector.partitions.items() if s.finish_requested}
+            owners = self._ownership
+            assignment = self._assignment
         partitions = []
         for row in snap.partitions:
             marker = markers.get((row.topic, row.partition))
@@ -347,6 +352,7 @@ class Emitter:
                     "lag_offsets": row.lag_offsets,
                     "lag_seconds": None if row.lag_seconds is None else round(row.lag_seconds, 3),
                     "finish_requested": (row.topic, row.partition) in requested,
+                    "owner": owners.owners.get((row.topic, row.partition)) if owners else None,
                 }
             )
         return {
@@ -359,6 +365,16 @@ class Emitter:
             "missing_topics": snap.missing_topics,
             "partitions_without_owner": snap.partitions_without_owner,
             "members_without_partitions": snap.members_without_partitions,
+            # The group's members and the watched partitions each owns (DESCRIBE GROUP).
+            "members": None
+            if assignment is None
+            else {
+                member: sorted(f"{topic}:{partition}" for topic, partition in owned)
+                for member, owned in sorted(assignment.items())
+            },
+            "unowned_partitions": None
+            if owners is None
+            else sorted(f"{t}:{p}" for t, p in owners.partitions_without_owner),
             "partitions": partitions,
         }
 

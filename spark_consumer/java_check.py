@@ -1,4 +1,5 @@
-"""Checks for Java 17+ (Spark 4 needs it) and says so in one line if it is missing.
+"""Checks for Java 17+ (Spark 4 and Kafka 4 need it) and Maven (set-up fetches the broker
+and Spark's Kafka source with it), and says so in one line if one is missing.
 
 Runs with the system Python before any virtual environment exists:
 ``python3 spark_consumer/java_check.py`` exits 0, or 1 with one line on stderr.
@@ -61,8 +62,18 @@ def check_java() -> str | None:
     return None
 
 
+def check_maven() -> str | None:
+    """None if ``mvn`` is on the PATH, else the one-line reason set-up cannot go on."""
+    if shutil.which("mvn") is None:
+        return (
+            "Maven is required to fetch Apache Kafka and Spark's Kafka source at set-up, but no"
+            " 'mvn' was found: install it (e.g. apt-get install maven)"
+        )
+    return None
+
+
 def main() -> int:
-    problem = check_java()
+    problem = check_java() or check_maven()
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 1

@@ -40,7 +40,7 @@ from rich.live import Live
 from rich.table import Table
 
 from emitter.config import EmitterConfig
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
 from emitter.service import Emitter
 from spark_consumer.alignment import MarkerAligner
@@ -215,7 +215,7 @@ def run_live_demo(
     output_dir = output_dir or Path(tempfile.mkdtemp(prefix="slackwater-demo-"))
     state = DemoState()
     stop = threading.Event()
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         bootstrap = broker.bootstrap_servers
         console.print(f"embedded Kafka broker (Tansu) on {bootstrap}; output in {output_dir}")
         admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -12,7 +12,9 @@ Python's C-implemented ``heapq``: a heap entry holds a *lower bound* of its
 channel's watermark, not the exact value. Channel watermarks only grow, so a
 bound stays a bound; a watermark input only updates the channel, and the
 heap top is refreshed (``heapreplace``) when it is looked at and found stale.
-Each input therefore costs O(1) plus at most one O(log n) refresh later.
+Every input re-derives the min (DESIGN §5, as Flink master after FLINK-40475):
+a look at the heap top, O(1) when it is fresh, plus at most one O(log n)
+refresh per stale entry, each paid for by an earlier watermark input.
 
 The only walk over all channels is the "flush" (rules 2 and 4) after the
 channel holding the running maximum has finished, and it runs at most once per
@@ -114,13 +116,17 @@ class StatusWatermarkValve:
     def channel_status(self, channel_id: Hashable) -> WatermarkStatus:
         return self._channel(channel_id).status
 
+    def channel_aligned(self, channel_id: Hashable) -> bool:
+        """Whether the channel counts in the minimum (ACTIVE and caught up with the output)."""
+        return self._channel(channel_id).aligned
+
     # ------------------------------------------------------------------ inputs
 
     def add_channel(self, channel_id: Hashable) -> list[Emitted]:
         """Adds a channel (a new partition): ACTIVE at MIN_WATERMARK.
 
-        Returns ``[WatermarkStatus.ACTIVE]`` when the output was IDLE (rule 3
-        applied to a channel that appears active), else nothing.
+        Emits ``WatermarkStatus.ACTIVE`` when the output was IDLE, as rule 3 does for a
+        channel that becomes active; a channel at MIN_WATERMARK never moves the output.
         """
         if self._output_status is WatermarkStatus.FINISHED:
             # Rule 4: a FINISHED output is final; no channel may join it.
@@ -133,10 +139,11 @@ class StatusWatermarkValve:
         # A new channel is aligned only if its watermark >= the output watermark.
         if channel.watermark >= self._output_watermark:
             self._mark_aligned(channel)
+        emitted: list[Emitted] = []
         if self._output_status is WatermarkStatus.IDLE:
             self._output_status = WatermarkStatus.ACTIVE
-            return [WatermarkStatus.ACTIVE]
-        return []
+            emitted.append(WatermarkStatus.ACTIVE)
+        return emitted + self._rederive_min()
 
     def input_watermark(self, channel_id: Hashable, timestamp: int) -> list[Emitted]:
         """Rule 1: a watermark from one channel."""
@@ -155,14 +162,12 @@ class StatusWatermarkValve:
         max_unfinished = self._max_unfinished
         if max_unfinished is not None and timestamp > max_unfinished:
             self._max_unfinished = timestamp
-        if not channel.aligned:
-            # Rule 1: an unaligned channel aligns once it reaches the output watermark.
-            if timestamp >= self._output_watermark:
-                self._mark_aligned(channel)
-            else:
-                return []
-        # Rule 1: the output becomes the min over aligned ACTIVE channels, if greater.
-        return self._emit_new_min()
+        # Rule 1: an unaligned channel aligns once its watermark reaches the output.
+        if not channel.aligned and timestamp >= self._output_watermark:
+            self._mark_aligned(channel)
+        # Rule 1: then re-derive the min, whether or not this channel is aligned now:
+        # another aligned channel may be waiting to be emitted (FLINK-40475).
+        return self._rederive_min()
 
     def input_status(self, channel_id: Hashable, status: WatermarkStatus) -> list[Emitted]:
         """Rules 2 to 5: a status from one channel."""
@@ -184,17 +189,15 @@ class StatusWatermarkValve:
         self._active_count -= 1
         channel.aligned = False
         if self._active_count == 0:
-            # Rule 2: no channel is ACTIVE any more: flush if this channel held
-            # the output watermark, then emit IDLE.
-            emitted = self._flush() if channel.watermark == self._output_watermark else []
+            # Rule 2: no channel is ACTIVE any more: flush (the max over channels not
+            # FINISHED, whatever this channel's watermark: the result must not depend on
+            # the order in which channels went idle, FLINK-40475), then emit IDLE.
+            emitted = self._flush()
             self._output_status = WatermarkStatus.IDLE
             emitted.append(WatermarkStatus.IDLE)
             return emitted
-        # Rule 2: otherwise, if this channel held the output watermark, the
-        # min over the remaining aligned ACTIVE channels may advance.
-        if channel.watermark == self._output_watermark:
-            return self._emit_new_min()
-        return []
+        # Rule 2: otherwise re-derive the min over the remaining aligned ACTIVE channels.
+        return self._rederive_min()
 
     def _idle_to_active(self, channel: _Channel) -> list[Emitted]:
         # Rule 3: the channel becomes ACTIVE ...
@@ -203,11 +206,15 @@ class StatusWatermarkValve:
         # ... aligned only if its watermark >= the output watermark ...
         if channel.watermark >= self._output_watermark:
             self._mark_aligned(channel)
-        # ... and if the output was IDLE it becomes ACTIVE (no watermark with it).
+        emitted: list[Emitted] = []
+        # ... if the output was IDLE, ACTIVE is emitted first (downstream must not
+        # drop the watermark that follows while it still sees IDLE) ...
         if self._output_status is WatermarkStatus.IDLE:
             self._output_status = WatermarkStatus.ACTIVE
-            return [WatermarkStatus.ACTIVE]
-        return []
+            emitted.append(WatermarkStatus.ACTIVE)
+        # ... then re-derive the min: a channel realigned as the only aligned one
+        # moves the output at once instead of stalling it (FLINK-40475).
+        return emitted + self._rederive_min()
 
     def _to_finished(self, channel: _Channel) -> list[Emitted]:
         # Rule 4: FINISHED is terminal; the channel leaves every min and max.
@@ -218,26 +225,24 @@ class StatusWatermarkValve:
         self._finished_count += 1
         if self._max_unfinished is not None and channel.watermark >= self._max_unfinished:
             self._max_unfinished = None  # recomputed by the next flush that needs it
-        held_output = channel.watermark == self._output_watermark
-        emitted: list[Emitted] = []
         if self._finished_count == len(self._channels):
             # Rule 4: every channel FINISHED: MAX_WATERMARK (if greater), then FINISHED.
+            emitted: list[Emitted] = []
             if self._output_watermark < MAX_WATERMARK:
                 self._output_watermark = MAX_WATERMARK
                 emitted.append(Watermark(MAX_WATERMARK))
             self._output_status = WatermarkStatus.FINISHED
             emitted.append(WatermarkStatus.FINISHED)
-        elif self._active_count == 0 and self._output_status is WatermarkStatus.ACTIVE:
-            # Rule 4: no channel ACTIVE and the output ACTIVE: the flush of
-            # rule 2 (if this channel held the output), then IDLE.
-            if held_output:
-                emitted = self._flush()
+            return emitted
+        if self._active_count == 0 and self._output_status is WatermarkStatus.ACTIVE:
+            # Rule 4: no channel ACTIVE and the output ACTIVE: the unconditional
+            # flush of rule 2, then IDLE.
+            emitted = self._flush()
             self._output_status = WatermarkStatus.IDLE
             emitted.append(WatermarkStatus.IDLE)
-        elif held_output:
-            # Rule 4: the min over aligned ACTIVE channels may advance.
-            emitted = self._emit_new_min()
-        return emitted
+            return emitted
+        # Rule 4: otherwise re-derive the min.
+        return self._rederive_min()
 
     # ---------------------------------------------------------------- helpers
 
@@ -274,7 +279,12 @@ class StatusWatermarkValve:
                 return bound
         return None
 
-    def _emit_new_min(self) -> list[Emitted]:
+    def _rederive_min(self) -> list[Emitted]:
+        """DESIGN §5's "re-derive the min": the min over aligned ACTIVE channels, if greater.
+
+        Keeps the invariant: whenever some channel is aligned and ACTIVE, the output
+        watermark equals that minimum (aligned channels never sit below the output).
+        """
         new_min = self._min_aligned()
         if new_min is not None and new_min > self._output_watermark:
             self._output_watermark = new_min

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from emitter.embedded_broker import EmbeddedBroker, free_port
+from emitter.kafka_broker import KafkaBroker, free_port
 from emitter.markers import MarkerStatus
 from spark_consumer.pipeline import load_report_lines
 from tests.conftest import TopicFactory
@@ -19,7 +19,7 @@ from tests.test_deploy import deploy_metric_names
 
 
 def _consume(
-    broker: EmbeddedBroker,
+    broker: KafkaBroker,
     topic: str,
     control: str,
     tmp: Path,
@@ -86,7 +86,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 
 def test_sigkill_and_restart_give_every_window_exactly_once(
-    broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
     write = Writer(broker.bootstrap_servers, topic, control)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from emitter.embedded_broker import EmbeddedBroker, free_port
+from emitter.kafka_broker import KafkaBroker, free_port
 from tests.conftest import TopicFactory
 from tests.emitter_harness import RunningEmitter, produce_one, start_emitter, wait_until
 
@@ -108,7 +108,7 @@ def _sample_names(text: str) -> set[str]:
 
 @pytest.fixture
 def emitter_with_group(
-    broker: EmbeddedBroker,
+    broker: KafkaBroker,
     new_topic: TopicFactory,
 ) -> Iterator[RunningEmitter]:
     from confluent_kafka import Consumer, TopicPartition

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
 from tests.conftest import TopicFactory
 from tests.emitter_harness import (
@@ -32,7 +32,7 @@ EmitterFactory = Callable[..., RunningEmitter]
 
 
 @pytest.fixture
-def emitters(broker: EmbeddedBroker) -> Iterator[EmitterFactory]:
+def emitters(broker: KafkaBroker) -> Iterator[EmitterFactory]:
     """Starts emitters on the session broker; stops every one, also when a test fails."""
     started: list[RunningEmitter] = []
 
@@ -49,7 +49,7 @@ def emitters(broker: EmbeddedBroker) -> Iterator[EmitterFactory]:
 
 
 def _finish(
-    broker: EmbeddedBroker, control: str, topic: str, partition: int
+    broker: KafkaBroker, control: str, topic: str, partition: int
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``slackwater finish`` as a user would."""
     return subprocess.run(
@@ -87,7 +87,7 @@ def _markers_of(bootstrap: str, control: str, partition: int) -> list[tuple[Mark
 
 
 def test_quiet_partition_goes_idle_at_exact_log_end_then_active_at_exact_offset(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=2), _control()
     produce_one(broker.bootstrap_servers, topic, 0, count=3)
@@ -136,7 +136,7 @@ def test_quiet_partition_goes_idle_at_exact_log_end_then_active_at_exact_offset(
 
 
 def test_finish_publishes_finished_and_nothing_after(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
     produce_one(broker.bootstrap_servers, topic, 0, count=4)
@@ -170,7 +170,7 @@ def test_finish_publishes_finished_and_nothing_after(
 
 
 def test_finish_for_unknown_partition_fails_clearly(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
     emitters(topics=[topic], control_topic=control)
@@ -180,7 +180,7 @@ def test_finish_for_unknown_partition_fails_clearly(
 
 
 def test_restart_continues_state_without_duplicates_and_with_a_new_epoch(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=2), _control()
     produce_one(broker.bootstrap_servers, topic, 0, count=2)
@@ -209,7 +209,7 @@ def test_restart_continues_state_without_duplicates_and_with_a_new_epoch(
 
 
 def test_newer_emitter_fences_the_older_one(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
     old = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
@@ -227,7 +227,7 @@ def test_newer_emitter_fences_the_older_one(
 
 
 def test_malformed_control_records_are_counted_and_skipped(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
     running = emitters(topics=[topic], control_topic=control)
@@ -252,7 +252,7 @@ def test_malformed_control_records_are_counted_and_skipped(
 
 
 def test_topic_missing_at_start_is_reported_then_picked_up(
-    broker: EmbeddedBroker, admin: AdminClient, emitters: EmitterFactory
+    broker: KafkaBroker, admin: AdminClient, emitters: EmitterFactory
 ) -> None:
     topic, control = f"late-{uuid.uuid4().hex[:12]}", _control()
     running = emitters(topics=[topic], control_topic=control)
@@ -269,7 +269,7 @@ def test_topic_missing_at_start_is_reported_then_picked_up(
 
 
 def test_deleted_topic_partitions_become_finished(
-    broker: EmbeddedBroker, admin: AdminClient, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=2), _control()
     produce_one(broker.bootstrap_servers, topic, 1, count=3)
@@ -286,7 +286,7 @@ def test_deleted_topic_partitions_become_finished(
 
 
 def test_group_lag_in_offsets_and_seconds(
-    broker: EmbeddedBroker, new_topic: TopicFactory, emitters: EmitterFactory
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control, group = new_topic(partitions=1), _control(), f"g-{uuid.uuid4().hex[:8]}"
     produce_one(broker.bootstrap_servers, topic, 0, count=2)
@@ -345,9 +345,9 @@ def test_group_lag_in_offsets_and_seconds(
 
 
 def test_emit_command_serves_metrics_and_exits_0_on_sigterm(
-    broker: EmbeddedBroker, new_topic: TopicFactory
+    broker: KafkaBroker, new_topic: TopicFactory
 ) -> None:
-    from emitter.embedded_broker import free_port
+    from emitter.kafka_broker import free_port
 
     topic, control, port = new_topic(partitions=1), _control(), free_port()
     process = subprocess.Popen(
@@ -404,7 +404,7 @@ def test_broker_outage_longer_than_idle_timeout_yields_no_idle_then_recovers(
     tmp_path: object,
 ) -> None:
     """The idle clock stops while the broker is unreachable (paused with SIGSTOP)."""
-    with EmbeddedBroker() as own_broker:
+    with KafkaBroker() as own_broker:
         bootstrap = own_broker.bootstrap_servers
         own_admin = AdminClient({"bootstrap.servers": bootstrap})
         futures = own_admin.create_topics(

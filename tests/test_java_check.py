@@ -30,7 +30,7 @@ def test_parses_major_version(output: str, major: int | None) -> None:
 
 
 def _run_with_fake_java(
-    tmp_path: Path, version_line: str | None
+    tmp_path: Path, version_line: str | None, *, maven: bool = True
 ) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -38,6 +38,10 @@ def _run_with_fake_java(
         java = bin_dir / "java"
         java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
         java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    if maven:
+        mvn = bin_dir / "mvn"
+        mvn.write_text("#!/bin/sh\n")
+        mvn.chmod(mvn.stat().st_mode | stat.S_IEXEC)
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(bin_dir)
     return subprocess.run(
@@ -62,3 +66,10 @@ def test_old_java_stops_with_one_line(tmp_path: Path) -> None:
 def test_java_17_passes(tmp_path: Path) -> None:
     result = _run_with_fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15')
     assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_missing_maven_stops_with_one_line(tmp_path: Path) -> None:
+    result = _run_with_fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15', maven=False)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "no 'mvn' was found" in result.stderr

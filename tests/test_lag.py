@@ -64,6 +64,7 @@ def test_ownership_finds_unowned_partitions_and_members_without_partitions() -> 
     result = ownership(watched, {"m1": [("t", 0)], "m2": [("other", 0)], "m3": []})
     assert result.partitions_without_owner == {("t", 1), ("t", 2)}
     assert result.members_without_partitions == {"m2", "m3"}
+    assert result.owners == {("t", 0): "m1"}
 
 
 def test_ownership_of_a_group_without_members() -> None:

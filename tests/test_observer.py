@@ -5,14 +5,14 @@ from __future__ import annotations
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from emitter.observer import BrokerObserver
 from tests.conftest import TopicFactory
 from tests.emitter_harness import produce_one
 
 
 def test_log_ends_and_group_offsets_across_batches(
-    broker: EmbeddedBroker, admin: AdminClient, new_topic: TopicFactory
+    broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory
 ) -> None:
     topic = new_topic(partitions=5)
     for partition in range(5):
@@ -33,7 +33,7 @@ def test_log_ends_and_group_offsets_across_batches(
 
 
 def test_metadata_is_reread_only_every_interval(
-    broker: EmbeddedBroker, admin: AdminClient, new_topic: TopicFactory
+    broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory
 ) -> None:
     topic = new_topic(partitions=1)
     clock = [0.0]

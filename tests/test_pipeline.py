@@ -8,7 +8,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from emitter.embedded_broker import EmbeddedBroker
+from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
 from spark_consumer.valve import MAX_WATERMARK
 from tests.conftest import TopicFactory
@@ -18,7 +18,7 @@ ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FI
 
 
 def _setup(
-    broker: EmbeddedBroker, new_topic: TopicFactory, partitions: int
+    broker: KafkaBroker, new_topic: TopicFactory, partitions: int
 ) -> tuple[str, str, Writer]:
     topic, control = new_topic(partitions=partitions), new_topic(partitions=1, prefix="ctl")
     return topic, control, Writer(broker.bootstrap_servers, topic, control)
@@ -27,7 +27,7 @@ def _setup(
 def _start(
     spark: SparkSession,
     tmp_path: Path,
-    broker: EmbeddedBroker,
+    broker: KafkaBroker,
     topic: str,
     control: str,
     **settings: Any,
@@ -47,7 +47,7 @@ def _total_late(run: PipelineRun) -> int:
 
 
 def test_idle_partition_lets_windows_close_and_its_resumed_records_are_not_late(
-    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control, write = _setup(broker, new_topic, 4)
     write.raw_control(b"junk", b"not json")  # malformed: counted and skipped
@@ -81,7 +81,7 @@ def test_idle_partition_lets_windows_close_and_its_resumed_records_are_not_late(
 
 
 def test_finished_beside_idle_closes_nothing_past_the_idle_partition(
-    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     """FLINK-38477: one partition FINISHED, the other IDLE: no MAX_WATERMARK."""
     topic, control, write = _setup(broker, new_topic, 2)
@@ -108,7 +108,7 @@ def test_finished_beside_idle_closes_nothing_past_the_idle_partition(
 
 
 def test_marker_ahead_of_the_read_position_makes_no_record_late(
-    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control, write = _setup(broker, new_topic, 2)
     write.data(0, *range(0, 30))
@@ -135,7 +135,7 @@ def test_marker_ahead_of_the_read_position_makes_no_record_late(
 
 
 def test_plain_spark_drops_a_lagging_partition_slackwater_does_not(
-    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control, write = _setup(broker, new_topic, 2)
     write.data(0, *range(0, 30))
@@ -187,7 +187,7 @@ def test_plain_spark_drops_a_lagging_partition_slackwater_does_not(
 
 
 def test_json_event_time_and_key_fields_and_late_and_unreadable_records(
-    spark: SparkSession, broker: EmbeddedBroker, new_topic: TopicFactory, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control, write = _setup(broker, new_topic, 1)
 

@@ -119,6 +119,48 @@ def test_rule1_unaligned_channel_aligns_when_it_reaches_output() -> None:
     assert valve.input_watermark(1, 30) == [W(25)]
 
 
+def test_rule1_rederives_min_even_when_the_channel_stays_unaligned() -> None:
+    # The smallest disagreement with Flink found by random testing (issue 11); the
+    # valve kept it in this state only before rule 3 re-derived the min. A snapshot
+    # from then (an old checkpoint) can still hold it: channel 2 aligned at 59 while
+    # the output is 57, channel 0 unaligned at MIN.
+    valve = StatusWatermarkValve.restore(
+        {"output_watermark": 57, "output_status": "ACTIVE",
+         "channels": [[0, MIN_WATERMARK, "ACTIVE", False], [1, MIN_WATERMARK, "IDLE", False],
+                      [2, 59, "ACTIVE", True], [3, 57, "IDLE", False],
+                      [4, MIN_WATERMARK, "IDLE", False]]}
+    )  # fmt: skip
+    assert valve.input_watermark(0, 44) == [W(59)]  # 44 < 57: channel 0 stays unaligned
+    assert not valve.channel_aligned(0)
+
+
+def test_issue_11_sequence_reaches_59_once() -> None:
+    valve = StatusWatermarkValve(range(5))
+    steps: list[tuple[str, int, object, list[object]]] = [
+        ("w", 3, 33, []),
+        ("s", 1, IDLE, []),
+        ("s", 0, IDLE, []),
+        ("w", 2, 59, []),
+        ("s", 4, IDLE, [W(33)]),
+        ("s", 0, ACTIVE, []),
+        ("s", 2, IDLE, []),
+        ("w", 3, 57, [W(57)]),
+        ("s", 3, IDLE, []),
+        # Flink 2.3.0 emits W59 only at the last input (rule 1); master's rule 3
+        # re-derives at once, when channel 2 comes back aligned (59 >= 57).
+        ("s", 2, ACTIVE, [W(59)]),
+        ("w", 0, 44, []),
+    ]
+    for kind, channel, value, expected in steps:
+        if kind == "w":
+            assert isinstance(value, int)
+            assert valve.input_watermark(channel, value) == expected
+        else:
+            assert isinstance(value, WatermarkStatus)
+            assert valve.input_status(channel, value) == expected
+    assert valve.watermark == 59
+
+
 # -------------------------------------------------------------------- rule 2
 
 
@@ -153,15 +195,53 @@ def test_rule2_last_active_channel_idle_flushes_max_then_emits_idle() -> None:
     assert (valve.watermark, valve.status) == (25, IDLE)
 
 
-def test_rule2_no_flush_when_last_idle_channel_does_not_hold_output() -> None:
+def _three_channels_at_5_10_30_then_channel_0_idle_and_back() -> StatusWatermarkValve:
+    """Channels 0/1/2 at 5/10/30; then IDLE 0 · ACTIVE 0: output 10, channel 0 unaligned at 5."""
+    valve = StatusWatermarkValve([0, 1, 2])
+    valve.input_watermark(0, 5)
+    valve.input_watermark(1, 10)
+    assert valve.input_watermark(2, 30) == [W(5)]
+    assert valve.input_status(0, IDLE) == [W(10)]
+    assert valve.input_status(0, ACTIVE) == []  # 5 < 10: unaligned
+    assert not valve.channel_aligned(0)
+    return valve
+
+
+def test_rule2_flush_is_unconditional_whichever_channel_goes_idle_last() -> None:
+    # FLINK-40475: Flink 2.3.0 flushed only if the last channel to go idle held the
+    # output; the output then ended at 10 in this order and at 30 in the other.
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    assert valve.input_status(2, IDLE) == []
+    assert valve.input_status(1, IDLE) == []  # channel 0 is still ACTIVE (unaligned)
+    assert valve.input_status(0, IDLE) == [W(30), IDLE]  # 0 holds nothing: flush anyway
+    assert (valve.watermark, valve.status) == (30, IDLE)
+
+
+def test_rule2_flush_result_does_not_depend_on_the_order_channels_go_idle() -> None:
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    assert valve.input_status(2, IDLE) == []
+    assert valve.input_status(0, IDLE) == []  # the last two steps swapped
+    assert valve.input_status(1, IDLE) == [W(30), IDLE]
+    assert (valve.watermark, valve.status) == (30, IDLE)
+
+
+def test_rule2_flush_emits_nothing_when_the_max_is_not_greater() -> None:
     valve = StatusWatermarkValve([0, 1])
     valve.input_watermark(0, 40)
     valve.input_watermark(1, 50)
     assert valve.input_status(0, IDLE) == [W(50)]
-    valve.input_status(0, ACTIVE)  # 40 < 50: unaligned
+    assert valve.input_status(0, ACTIVE) == []  # 40 < 50: unaligned
     assert valve.input_status(1, IDLE) == []  # channel 0 is still ACTIVE
-    assert valve.input_status(0, IDLE) == [IDLE]  # 40 != output 50: no flush
+    assert valve.input_status(0, IDLE) == [IDLE]  # max 50 == output: no watermark
     assert valve.watermark == 50
+
+
+def test_rule2_idle_rederives_min_even_when_channel_did_not_hold_output() -> None:
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    # channel 0 (unaligned, 5) goes idle: re-derive gives 10 again, nothing to emit
+    assert valve.input_status(0, IDLE) == []
+    assert valve.input_status(1, IDLE) == [W(30)]
+    assert valve.status is ACTIVE
 
 
 def test_rule2_flush_ignores_finished_channels() -> None:
@@ -213,6 +293,28 @@ def test_rule3_reactivated_channel_below_output_is_unaligned() -> None:
     assert valve.input_status(0, ACTIVE) == []  # 5 < 10: unaligned
     # channel 0 does not hold the output back while unaligned
     assert valve.input_watermark(1, 20) == [W(20)]
+
+
+def test_rule3_realigned_channel_that_is_the_only_aligned_one_moves_output_at_once() -> None:
+    # FLINK-40475: Flink 2.3.0 did not re-derive on ACTIVE, so the output sat at 10
+    # (even after W 0 8) until channel 2 advanced again.
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    assert valve.input_status(2, IDLE) == []
+    assert valve.input_status(1, IDLE) == []  # 0 still ACTIVE: no flush
+    assert valve.input_status(2, ACTIVE) == [W(30)]  # 30 >= 10: aligned, the only one
+    assert valve.input_watermark(0, 8) == []  # 8 < 30: channel 0 stays unaligned
+    assert valve.watermark == 30
+
+
+def test_rule3_active_is_emitted_before_the_rederived_watermark() -> None:
+    valve = StatusWatermarkValve.restore(
+        # All IDLE at output 10, channel 1 at 40: as a valve before FLINK-40475 could
+        # leave it (no unconditional flush). ACTIVE 1 then re-derives to 40.
+        {"output_watermark": 10, "output_status": "IDLE",
+         "channels": [[0, 10, "IDLE", False], [1, 40, "IDLE", False]]}
+    )  # fmt: skip
+    assert valve.input_status(1, ACTIVE) == [ACTIVE, W(40)]
+    assert (valve.watermark, valve.status) == (40, ACTIVE)
 
 
 # -------------------------------------------------------------------- rule 4
@@ -270,14 +372,20 @@ def test_rule4_last_active_channel_finishing_flushes_idle_channels_then_idle() -
     assert valve.status is IDLE
 
 
-def test_rule4_last_active_channel_finishing_without_holding_output_emits_only_idle() -> None:
-    valve = StatusWatermarkValve([0, 1])
-    valve.input_watermark(0, 5)
-    valve.input_watermark(1, 10)
-    assert valve.input_status(0, IDLE) == [W(10)]
-    valve.input_status(0, ACTIVE)  # 5 < 10: unaligned
+def test_rule4_last_active_channel_finishing_flushes_unconditionally() -> None:
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    assert valve.input_status(2, IDLE) == []
     assert valve.input_status(1, IDLE) == []
-    assert valve.input_status(0, FINISHED) == [IDLE]
+    # channel 0 (unaligned at 5) holds nothing; the flush still takes the max (30)
+    assert valve.input_status(0, FINISHED) == [W(30), IDLE]
+    assert (valve.watermark, valve.status) == (30, IDLE)
+
+
+def test_rule4_finish_rederives_min_even_when_channel_did_not_hold_output() -> None:
+    valve = _three_channels_at_5_10_30_then_channel_0_idle_and_back()
+    assert valve.input_status(0, FINISHED) == []  # min over 1 and 2 is still 10
+    assert valve.input_status(1, FINISHED) == [W(30)]
+    assert valve.status is ACTIVE
 
 
 def test_rule4_finish_while_output_idle_emits_nothing_until_all_finished() -> None:

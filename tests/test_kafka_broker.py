@@ -13,12 +13,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from emitter.embedded_broker import BrokerError, EmbeddedBroker, free_port
+from emitter.kafka_broker import BrokerError, KafkaBroker, free_port
 from tests.conftest import TopicFactory
 
 
 def test_session_broker_round_trips_a_record(
-    broker: EmbeddedBroker, new_topic: TopicFactory
+    broker: KafkaBroker, new_topic: TopicFactory
 ) -> None:
     topic = new_topic(partitions=2)
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
@@ -52,9 +52,9 @@ def test_new_topic_factory_gives_fresh_names(admin: AdminClient, new_topic: Topi
     assert len(topics[second].partitions) == 1
 
 
-def test_starting_on_a_taken_port_fails_clearly(broker: EmbeddedBroker) -> None:
+def test_starting_on_a_taken_port_fails_clearly(broker: KafkaBroker) -> None:
     with pytest.raises(BrokerError, match="port"):
-        EmbeddedBroker(port=broker.port).start(timeout_s=5)
+        KafkaBroker(port=broker.port).start(timeout_s=5)
 
 
 def _start_cli(port: int) -> tuple[subprocess.Popen[str], str]:
