@@ -1,6 +1,6 @@
 """Wall and CPU milliseconds per emitter poll at 100, 1,000 and 10,000 watched partitions.
 
-On the embedded broker (Tansu), in one process: topics of 1,000 partitions
+On Apache Kafka (`slackwater broker`'s launcher), in one process: topics of 1,000 partitions
 each (one topic for 100), a record on every partition, then --polls polls of
 a connected emitter with a consumer group (so metadata, ListOffsets, group
 offsets and the group description are all requested; metadata every 10th
@@ -58,9 +58,7 @@ def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None
     consumer.close()
 
 
-def measure(
-    broker: KafkaBroker, partitions: int, polls: int
-) -> tuple[float, float, float, float]:
+def measure(broker: KafkaBroker, partitions: int, polls: int) -> tuple[float, float, float, float]:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     topics = _create(admin, partitions)
     group = f"bench-{uuid.uuid4().hex[:8]}"

@@ -16,6 +16,7 @@ from emitter.commands import (
     run_finish,
     run_status,
 )
+from emitter.jars import MissingJarsError
 from emitter.kafka_broker import BrokerError, KafkaBroker
 
 
@@ -81,6 +82,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, _Stop):
         print("demo interrupted", file=sys.stderr)
         return 130
+    except (BrokerError, MissingJarsError) as error:
+        print(f"slackwater demo: {error}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
 

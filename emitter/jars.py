@@ -35,3 +35,11 @@ def jar_files(module: str) -> list[Path]:
             "dependency:copy-dependencies) once, or set SLACKWATER_JARS_DIR"
         )
     return jars
+
+
+def fetched_jar_files(module: str) -> list[Path]:
+    """The module's jars if set-up fetched them, else none (for optional parts)."""
+    try:
+        return jar_files(module)
+    except MissingJarsError:
+        return []

@@ -90,9 +90,16 @@ def _die_with_parent() -> None:
         pass  # not Linux: stop() still ends the child on every normal path
 
 
-def _cluster_id() -> str:
-    """Kafka's cluster id format: a UUID as 22 characters of URL-safe base64."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+def cluster_id() -> str:
+    """Kafka's cluster id format: a UUID as 22 characters of URL-safe base64.
+
+    Never starting with "-" (as Kafka's own Uuid.randomUuid), which the format tool's
+    argument parser would take for an option: one start in 64 would fail.
+    """
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
 
 
 class KafkaBroker:
@@ -194,13 +201,13 @@ class KafkaBroker:
         return properties
 
     def _format(self, classpath: str, properties: Path) -> None:
-        """KRaft needs a formatted log directory (kafka-storage.sh format) before the first start."""
+        """KRaft needs a formatted log directory (kafka-storage.sh format) before a first start."""
         command = [
             *self._java(classpath),
             "kafka.tools.StorageTool",
             "format",
             "--cluster-id",
-            _cluster_id(),
+            cluster_id(),
             "--config",
             str(properties),
         ]

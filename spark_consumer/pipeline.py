@@ -333,13 +333,20 @@ class SlackwaterBatch:
 
 
 def spark_session(app_name: str = "slackwater", cores: int = 2) -> SparkSession:
-    """A local SparkSession set up for slackwater (the Python workers use this interpreter)."""
+    """A local SparkSession set up for slackwater (the Python workers use this interpreter),
+    with Spark's own Kafka source on its classpath."""
     import sys
+
+    from emitter.jars import SPARK_KAFKA, fetched_jar_files
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app_name)
+        # Spark's own format("kafka") (the baseline), fetched at set-up: only the jars
+        # pyspark lacks (deploy/jars/spark-kafka/pom.xml), never a second copy of Spark's.
+        # Optional: slackwater's own source does not need them (a container image).
+        .config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")

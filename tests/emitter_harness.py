@@ -1,4 +1,4 @@
-"""Running an emitter in-process against the embedded broker, for integration tests."""
+"""Running an emitter in-process against the session's Apache Kafka, for integration tests."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ FAST = {
 }
 
 
+# Generous: a deadline only bounds a test that would otherwise hang (these machines are
+# shared and noisy); no test asserts how fast anything happened.
+DEADLINE_S = 30.0
+# Polls that span idle_timeout with room to spare: after them, a marker that was due
+# has been published (FAST: 1 s idle timeout, 200 ms polls).
+POLLS_PAST_IDLE_TIMEOUT = 2 * FAST["idle_timeout_ms"] // FAST["poll_interval_ms"]
+
+
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -37,7 +45,7 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
 
 
 def produce_one(bootstrap: str, topic: str, partition: int, count: int = 1) -> None:
-    """One record per request, flushed each time: the embedded broker's log end is exact."""
+    """``count`` records, each acknowledged before the next (the log end moves by one)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     for _ in range(count):
         producer.produce(topic, value=b"{}", partition=partition)
@@ -90,6 +98,17 @@ class RunningEmitter:
         self.thread.join(30)
         assert not self.thread.is_alive(), "emitter did not stop"
         return self.exit_codes[0]
+
+
+def polls_done(running: RunningEmitter) -> float:
+    """Polls the emitter has finished, from its own /metrics."""
+    return running.metric("slackwater_emitter_poll_duration_seconds_count") or 0.0
+
+
+def after_polls(running: RunningEmitter, count: int) -> None:
+    """Returns once the emitter has polled ``count`` more times: proof that time passed."""
+    target = polls_done(running) + count
+    wait_until(lambda: polls_done(running) >= target, DEADLINE_S + count, f"{count} more polls")
 
 
 def start_emitter(**settings: Any) -> RunningEmitter:

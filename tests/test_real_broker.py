@@ -6,7 +6,6 @@ to a watched topic, and a broker that goes away and comes back on the same log d
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,14 +18,16 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewPartitions,
+    NewTopic,
 )
 
 from emitter.control_topic import ControlTopicReader
 from emitter.kafka_broker import KafkaBroker
-from emitter.markers import Marker, MarkerStatus
+from emitter.markers import ControlRecord, MarkerStatus
 from tests.conftest import TEST_BROKER_SETTINGS, TopicFactory
 from tests.emitter_harness import (
     RunningEmitter,
+    after_polls,
     control_markers,
     produce_one,
     start_emitter,
@@ -56,16 +57,6 @@ def emitters(broker: KafkaBroker) -> Iterator[Callable[..., RunningEmitter]]:
 
 def _control() -> str:
     return f"ctl-{uuid.uuid4().hex[:12]}"
-
-
-def _polls(running: RunningEmitter) -> float:
-    """Polls the emitter has finished, from its own /metrics: proof that time has passed."""
-    return running.metric("slackwater_emitter_poll_duration_seconds_count") or 0.0
-
-
-def _after_polls(running: RunningEmitter, count: int) -> None:
-    target = _polls(running) + count
-    wait_until(lambda: _polls(running) >= target, 60, f"{count} more polls")
 
 
 # ---------------------------------------------------------------- consumer groups
@@ -144,12 +135,16 @@ def test_emitter_follows_a_real_groups_members_assignment_and_rebalances(
             "five members",
         )
         wait_until(
-            lambda: running.status()["members_without_partitions"] == 1
-            and _owned_counts(running) == [0, 1, 1, 1, 1],
+            lambda: (
+                running.status()["members_without_partitions"] == 1
+                and _owned_counts(running) == [0, 1, 1, 1, 1]
+            ),
             60,
             "one member without partitions",
         )
-        assert running.metric("slackwater_emitter_group_members_without_partitions", group=group) == 1
+        assert (
+            running.metric("slackwater_emitter_group_members_without_partitions", group=group) == 1
+        )
 
         for member in members[1:]:
             member.close()
@@ -239,7 +234,7 @@ def test_idle_marker_after_committed_and_aborted_transactions_applies_at_the_off
 # -------------------------------------------------------------------- compaction
 
 
-def _control_records(bootstrap: str, control: str) -> list[object]:
+def _control_records(bootstrap: str, control: str) -> list[ControlRecord]:
     reader = ControlTopicReader(bootstrap, control, {}, 10.0)
     try:
         return list(reader.read_to_end().records)
@@ -277,13 +272,20 @@ def test_compacted_control_topic_keeps_the_latest_marker_per_partition(
     def published(status: MarkerStatus) -> float | None:
         return first.metric("slackwater_emitter_markers_published_total", status=status.value)
 
+    def idle_markers_are(count: int) -> Callable[[], bool]:
+        return lambda: published(IDLE) == count
+
     for flip in range(3):
-        wait_until(lambda f=flip: published(IDLE) == 2 + f, 60, f"IDLE number {flip + 1}")
+        wait_until(idle_markers_are(2 + flip), 60, f"IDLE number {flip + 1}")
         produce_one(bootstrap, topic, 0)
     wait_until(lambda: published(IDLE) == 5, 60, "the last IDLE of partition 0")
     assert published(ACTIVE) == 3  # p0: IDLE@0 ACTIVE@0 IDLE@1 ... ACTIVE@2 IDLE@3; p1: IDLE@0
-    latest = {key: state.last_marker for key, state in first.emitter.detector.partitions.items()}
-    assert [(m.status, m.offset) for m in latest.values() if m is not None] == [
+    latest = {
+        key: state.last_marker
+        for key, state in first.emitter.detector.partitions.items()
+        if state.last_marker is not None
+    }
+    assert [(m.status, m.offset) for m in latest.values()] == [
         (IDLE, 3),
         (IDLE, 0),
     ]
@@ -303,7 +305,7 @@ def test_compacted_control_topic_keeps_the_latest_marker_per_partition(
 
     assert last_marker_per_partition(_control_records(bootstrap, control)) == latest
     # The restarted emitter continues from them: nothing new for quiet partitions ...
-    _after_polls(second, 10)
+    after_polls(second, 10)
     assert len(control_markers(bootstrap, control)) == 2
     rows = {row["partition"]: row for row in second.status()["partitions"]}
     assert (rows[0]["status"], rows[0]["offset"]) == ("IDLE", 3)
@@ -316,3 +318,133 @@ def test_compacted_control_topic_keeps_the_latest_marker_per_partition(
     )[0]
     assert (resumed.partition, resumed.status, resumed.offset) == (0, ACTIVE, 3)
     assert resumed.seq == latest[(topic, 0)].seq + 1
+
+
+# ------------------------------------------------------------- partitions added
+
+
+def test_partitions_added_to_a_watched_topic_are_watched_and_marked(
+    broker: KafkaBroker,
+    admin: AdminClient,
+    new_topic: TopicFactory,
+    emitters: Callable[..., RunningEmitter],
+) -> None:
+    topic, control = new_topic(partitions=2), _control()
+    bootstrap = broker.bootstrap_servers
+    produce_one(bootstrap, topic, 0, count=2)
+    running = emitters(topics=[topic], control_topic=control)
+    wait_until(lambda: len(control_markers(bootstrap, control)) == 2, 60, "both IDLE")
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+    wait_until(lambda: len(running.status()["partitions"]) == 4, 60, "4 partitions watched")
+    produce_one(bootstrap, topic, 3, count=3)
+    wait_until(
+        lambda: (
+            sorted((m.partition, m.status, m.offset) for m in control_markers(bootstrap, control))
+            == [(0, IDLE, 2), (1, IDLE, 0), (2, IDLE, 0), (3, IDLE, 3)]
+        ),
+        60,
+        "the new partitions marked",
+    )
+    assert running.metric("slackwater_emitter_watched_partitions") == 4
+    assert (
+        running.metric("slackwater_emitter_partition_log_end_offset", topic=topic, partition="3")
+        == 3
+    )
+
+
+def test_partitions_added_while_spark_reads_join_the_valve(
+    spark: Any, broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory, tmp_path: Any
+) -> None:
+    from tests.pipeline_harness import BASE_MS, Writer, run_pipeline
+
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    for partition in (0, 1):
+        write.data(partition, *range(0, 11))
+    run = run_pipeline(
+        spark, tmp_path, bootstrap_servers=broker.bootstrap_servers, topic=topic,
+        control_topic=control,
+    )  # fmt: skip
+    try:
+        run.settle()
+        assert run.watermark == BASE_MS + 9_000
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        write = Writer(broker.bootstrap_servers, topic, control)  # a producer that knows p2
+        write.data(2, *range(12, 21))  # p2 starts above the output watermark: it aligns
+        run.wait_for(
+            lambda r: r.aligner is not None and len(r.aligner.valve.channels) == 4,
+            60,
+            "4 channels",
+        )
+        run.settle()
+        assert run.watermark == BASE_MS + 9_000  # p0 and p1 still hold it
+        for partition in (0, 1):
+            write.data(partition, *range(11, 31))
+        run.settle()
+        assert run.aligner is not None
+        assert sorted(run.aligner.valve.channels) == [0, 1, 2, 3]  # type: ignore[type-var]
+        # p2 (newest 20 s) holds the min; p3, empty and unaligned at MIN, holds nothing.
+        assert run.watermark == BASE_MS + 19_000
+        assert sum(r.late for r in run.reports) == 0
+    finally:
+        run.stop()
+
+
+# ---------------------------------------------------------------- broker outage
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_broker_stopped_and_started_again_gives_no_wrong_marker(tmp_path: Any, how: str) -> None:
+    """The idle clock stops while the broker is away; the same emitter resumes after."""
+    own = KafkaBroker(log_dir=tmp_path / "kafka", settings=TEST_BROKER_SETTINGS).start()
+    running: RunningEmitter | None = None
+    try:
+        bootstrap, control = own.bootstrap_servers, _control()
+        own_admin = AdminClient({"bootstrap.servers": bootstrap})
+        own_admin.create_topics([NewTopic("outage", 1, 1)])["outage"].result(30)
+        idle_timeout_s = 5.0
+        running = start_emitter(
+            bootstrap_servers=bootstrap,
+            topics=["outage"],
+            control_topic=control,
+            idle_timeout_ms=int(idle_timeout_s * 1000),
+            kafka_config={"reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "500"},
+        )
+        produce_one(bootstrap, "outage", 0, count=2)
+        wait_until(
+            lambda: running.status()["partitions"][0]["log_end_offset"] == 2, 60, "log end 2"
+        )
+        errors_before = running.metric("slackwater_emitter_poll_errors_total", request="metadata")
+        assert errors_before is not None
+
+        if how == "SIGKILL":
+            own.kill()
+        else:
+            own.stop(remove_log_dir=False)
+        wait_until(lambda: running.metric("slackwater_emitter_broker_up") == 0, 60, "up 0")
+        assert running.status()["broker_up"] is False
+        # Failed polls (each waits out a 1 s request timeout) spanning the idle timeout.
+        wait_until(
+            lambda: (
+                (running.metric("slackwater_emitter_poll_errors_total", request="metadata") or 0)
+                >= errors_before + idle_timeout_s + 1
+            ),
+            120,
+            "failed polls spanning the idle timeout",
+        )
+        assert running.metric("slackwater_emitter_markers_published_total", status="IDLE") == 0
+
+        own.start()  # same log directory, same ports
+        wait_until(lambda: running.metric("slackwater_emitter_broker_up") == 1, 120, "up 1")
+        after_polls(running, 1)
+        # The outage did not count as stillness: no IDLE on the first polls back ...
+        assert running.metric("slackwater_emitter_markers_published_total", status="IDLE") == 0
+        assert running.status()["partitions"][0]["still_seconds"] < idle_timeout_s
+        # ... and the IDLE comes once the log end has been still over successful polls.
+        markers = wait_until(lambda: control_markers(bootstrap, control), 60, "IDLE after")
+        assert [(m.status, m.offset) for m in markers] == [(IDLE, 2)]
+        assert running.thread.is_alive()  # the same emitter, never restarted
+    finally:
+        if running is not None:
+            assert running.stop() == 0
+        own.stop()

@@ -66,8 +66,7 @@ class ReferenceValve:
         if c.status is not ACTIVE or self.status is not ACTIVE:
             return self.out
         # "If ts is above the channel's watermark it becomes the channel's watermark"
-        if ts > c.watermark:
-            c.watermark = ts
+        c.watermark = max(c.watermark, ts)
         # "an unaligned channel becomes aligned when its watermark reaches the output"
         if not c.aligned and c.watermark >= self.watermark:
             c.aligned = True
@@ -79,7 +78,7 @@ class ReferenceValve:
         self.out = []
         # "a new partition: ACTIVE, aligned only if its watermark >= output watermark";
         # it becomes ACTIVE as in rule 3, so the same emissions follow.
-        self.channels[cid] = _RefChannel(aligned=MIN_WATERMARK >= self.watermark)
+        self.channels[cid] = _RefChannel(aligned=self.watermark <= MIN_WATERMARK)
         if self.status is IDLE:
             self.status = ACTIVE
             self.out.append(ACTIVE)
@@ -118,7 +117,7 @@ class ReferenceValve:
             c.status, c.aligned = FINISHED, False
             if all(ch.status is FINISHED for ch in self.channels.values()):
                 # "emit MAX_WATERMARK (if greater) then FINISHED"
-                if MAX_WATERMARK > self.watermark:
+                if self.watermark < MAX_WATERMARK:
                     self.watermark = MAX_WATERMARK
                     self.out.append(Watermark(MAX_WATERMARK))
                 self.status = FINISHED
@@ -151,9 +150,7 @@ MAX_CHANNELS = 6
 # idle ones, and a strategy with uniform channels and wide timestamps missed it.
 def _inputs(channel_count: int) -> st.SearchStrategy[list[Input]]:
     channel = st.integers(0, channel_count - 1) | st.integers(0, MAX_CHANNELS - 1)
-    absolute = st.tuples(
-        st.just("w"), channel, st.integers(0, 30) | st.just(MAX_WATERMARK)
-    )
+    absolute = st.tuples(st.just("w"), channel, st.integers(0, 30) | st.just(MAX_WATERMARK))
     step = st.tuples(st.just("w+"), channel, st.integers(1, 8))
     flip = st.tuples(st.just("s"), channel, st.sampled_from([IDLE, ACTIVE]))
     finish = st.tuples(st.just("s"), channel, st.just(FINISHED))
