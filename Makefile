@@ -42,8 +42,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check emitter spark_consumer tests bench
-	$(BIN)/ruff format --check emitter spark_consumer tests bench
+	$(BIN)/ruff check emitter spark_consumer tests bench examples
+	$(BIN)/ruff format --check emitter spark_consumer tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

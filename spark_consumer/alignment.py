@@ -29,7 +29,7 @@ marker for another topic.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,39 +82,53 @@ class Counters:
     consumer_idle_timeouts: int = 0
 
 
+# Which valve channel a marker is for; None for a marker of a topic not read here.
+ChannelOf = Callable[[Marker], Hashable | None]
+
+
 class MarkerAligner:
-    """Consumer-side partition statuses, pending markers and the valve."""
+    """Consumer-side partition statuses, pending markers and the valve.
+
+    Channels are the partitions of one topic by number (``topic``), or any keys a
+    ``channel_of`` function gives markers (the source: ``"topic:partition"``).
+    """
 
     def __init__(
         self,
-        topic: str,
+        topic: str | None,
         max_out_of_orderness_ms: int,
-        partitions: Iterable[int] = (),
+        partitions: Iterable[Hashable] = (),
         consumer_idle_timeout_ms: int | None = None,
+        channel_of: ChannelOf | None = None,
     ) -> None:
         self.topic = topic
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
         # The fallback without an emitter (DESIGN §6); None = off.
         self.consumer_idle_timeout_ms = consumer_idle_timeout_ms
-        self.partitions: dict[int, _Partition] = {}
+        self.channel_of: ChannelOf = channel_of or self._partition_of_own_topic
+        self.partitions: dict[Hashable, _Partition] = {}
         self.valve = StatusWatermarkValve([])
         self.counters = Counters()
         self.ensure_partitions(partitions)
 
-    def ensure_partitions(self, partitions: Iterable[int]) -> list[Emitted]:
+    def _partition_of_own_topic(self, marker: Marker) -> Hashable | None:
+        return marker.partition if marker.topic == self.topic else None
+
+    def ensure_partitions(self, partitions: Iterable[Hashable]) -> list[Emitted]:
         """Adds partitions the consumer did not know (a topic grew): ACTIVE channels."""
         emitted: list[Emitted] = []
-        for partition in sorted(set(partitions) - set(self.partitions)):
+        for partition in sorted(set(partitions) - set(self.partitions), key=_order):
             self.partitions[partition] = _Partition()
             emitted += self.valve.add_channel(partition)
         return emitted
 
     def offer(self, marker: Marker) -> MarkerOutcome:
         """A marker read from the control topic: queued for its partition, or rejected."""
-        if marker.topic != self.topic:
+        channel = self.channel_of(marker)
+        if channel is None:
             return self._reject(MarkerOutcome.OTHER_TOPIC)
-        self.ensure_partitions([marker.partition])
-        state = self.partitions[marker.partition]
+        self.ensure_partitions([channel])
+        state = self.partitions[channel]
         # Markers of an older epoch than one seen for the partition are ignored.
         if marker.epoch < state.epoch:
             return self._reject(MarkerOutcome.STALE_EPOCH)
@@ -135,7 +149,7 @@ class MarkerAligner:
 
     def advance(
         self,
-        batch: dict[int, PartitionBatch],
+        batch: dict[Any, PartitionBatch],
         now_ms: int | None = None,
     ) -> list[Emitted]:
         """Applies one micro-batch (see the module docstring); returns what the valve emits.
@@ -143,7 +157,7 @@ class MarkerAligner:
         ``now_ms`` (wall time) drives the optional consumer-side idle timeout.
         """
         emitted = self.ensure_partitions(batch)
-        for partition in sorted(self.partitions):
+        for partition in sorted(self.partitions, key=_order):
             state = self.partitions[partition]
             seen = batch.get(partition)
             if seen is not None:
@@ -154,7 +168,7 @@ class MarkerAligner:
         return emitted
 
     def _consumer_idle_timeout(
-        self, partition: int, state: _Partition, seen: PartitionBatch | None, now_ms: int
+        self, partition: Hashable, state: _Partition, seen: PartitionBatch | None, now_ms: int
     ) -> list[Emitted]:
         """The fallback without an emitter (Flink's withIdleness): no records for the
         timeout -> IDLE. Weaker than markers: it cannot tell "no data" from "data not
@@ -176,7 +190,9 @@ class MarkerAligner:
         self.counters.consumer_idle_timeouts += 1
         return self.valve.input_status(partition, WatermarkStatus.IDLE)
 
-    def _take_data(self, partition: int, state: _Partition, seen: PartitionBatch) -> list[Emitted]:
+    def _take_data(
+        self, partition: Hashable, state: _Partition, seen: PartitionBatch
+    ) -> list[Emitted]:
         emitted: list[Emitted] = []
         if seen.read_position is not None:
             state.read_position = max(state.read_position, seen.read_position)
@@ -205,7 +221,7 @@ class MarkerAligner:
             )
         return emitted
 
-    def _apply_pending(self, partition: int, state: _Partition) -> list[Emitted]:
+    def _apply_pending(self, partition: Hashable, state: _Partition) -> list[Emitted]:
         emitted: list[Emitted] = []
         while state.pending:
             marker = state.pending[0]
@@ -238,7 +254,7 @@ class MarkerAligner:
     def pending_count(self) -> int:
         return sum(len(s.pending) for s in self.partitions.values())
 
-    def status_of(self, partition: int) -> MarkerStatus:
+    def status_of(self, partition: Hashable) -> MarkerStatus:
         return self.partitions[partition].status
 
     # ------------------------------------------------------------ persistence
@@ -257,32 +273,38 @@ class MarkerAligner:
                 "consumer_idle_timeouts": self.counters.consumer_idle_timeouts,
             },
             "consumer_idle_timeout_ms": self.consumer_idle_timeout_ms,
-            "partitions": {
-                str(p): {
-                    "status": s.status.value,
-                    "read_position": s.read_position,
-                    "max_record_offset": s.max_record_offset,
-                    "newest_event_ms": s.newest_event_ms,
-                    "epoch": s.epoch,
-                    "idle_offset": s.idle_offset,
-                    "last_data_ms": s.last_data_ms,
-                    "pending": [m.model_dump(mode="json") for m in s.pending],
-                }
+            "partitions": [
+                [
+                    p,
+                    {
+                        "status": s.status.value,
+                        "read_position": s.read_position,
+                        "max_record_offset": s.max_record_offset,
+                        "newest_event_ms": s.newest_event_ms,
+                        "epoch": s.epoch,
+                        "idle_offset": s.idle_offset,
+                        "last_data_ms": s.last_data_ms,
+                        "pending": [m.model_dump(mode="json") for m in s.pending],
+                    },
+                ]
                 for p, s in self.partitions.items()
-            },
+            ],
         }
 
     @classmethod
-    def restore(cls, snapshot: dict[str, Any]) -> MarkerAligner:
+    def restore(
+        cls, snapshot: dict[str, Any], channel_of: ChannelOf | None = None
+    ) -> MarkerAligner:
         aligner = cls(
             snapshot["topic"],
             snapshot["max_out_of_orderness_ms"],
             consumer_idle_timeout_ms=snapshot.get("consumer_idle_timeout_ms"),
+            channel_of=channel_of,
         )
         aligner.valve = StatusWatermarkValve.restore(snapshot["valve"])
         aligner.counters = Counters(**snapshot["counters"])
-        for key, raw in snapshot["partitions"].items():
-            aligner.partitions[int(key)] = _Partition(
+        for key, raw in snapshot["partitions"]:
+            aligner.partitions[key] = _Partition(
                 status=MarkerStatus(raw["status"]),
                 read_position=raw["read_position"],
                 max_record_offset=raw["max_record_offset"],
@@ -293,6 +315,11 @@ class MarkerAligner:
                 pending=[Marker.model_validate_json(_json(m)) for m in raw["pending"]],
             )
         return aligner
+
+
+def _order(channel: Hashable) -> tuple[str, Any]:
+    """Channels in a stable order whatever their type (ints by number, others by text)."""
+    return ("", channel) if isinstance(channel, int) else (str(channel), 0)
 
 
 def _json(document: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@ ship (DESIGN §6); this source reads Kafka with confluent-kafka instead, with
 the columns of Spark's built-in source, and produces Arrow record batches.
 
     spark.dataSource.register(KafkaDataSource)
-    df = (spark.readStream.format("slackwater-kafka")
+    df = (spark.readStream.format("slackwater-kafka-positions")
           .option("kafka.bootstrap.servers", "localhost:9092")
           .option("subscribe", "orders,payments")
           .option("startingOffsets", "earliest")
@@ -43,7 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-SOURCE_NAME = "slackwater-kafka"
+SOURCE_NAME = "slackwater-kafka-positions"  # the old pipeline's source (issue 14 removes it)
 POSITION_ROW_TIMESTAMP_TYPE = -1
 
 SCHEMA = StructType(
@@ -143,7 +143,7 @@ class KafkaSourceOptions:
 
 
 class KafkaDataSource(DataSource):
-    """``spark.readStream.format("slackwater-kafka")``."""
+    """``spark.readStream.format("slackwater-kafka-positions")``."""
 
     @classmethod
     def name(cls) -> str:

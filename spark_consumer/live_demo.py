@@ -80,9 +80,13 @@ class DemoState:
                     wall_s=time.monotonic() - self.started,
                     valve_watermark_ms=aligner.valve.watermark,
                     partition_watermark_ms={
-                        p: aligner.valve.channel_watermark(p) for p in aligner.partitions
+                        int(p): aligner.valve.channel_watermark(p)  # type: ignore[call-overload]
+                        for p in aligner.partitions
                     },
-                    partition_status={p: aligner.status_of(p) for p in aligner.partitions},
+                    partition_status={
+                        int(p): aligner.status_of(p)  # type: ignore[call-overload]
+                        for p in aligner.partitions
+                    },
                 )
             )
             if (
@@ -428,7 +432,10 @@ def _summary(
     console.print(f"windows written to      {output_dir / 'windows'}")
     console.print(f"chart                   {chart}")
     if state.plain_spark_lost is not None:
-        console.print(f"plain Spark lost        {state.plain_spark_lost} records (--compare)")
+        console.print(
+            f"plain Spark lost        {state.plain_spark_lost} records "
+            "(Spark's Kafka source, --compare)"
+        )
     if failure is not None:
         console.print(f"[red]the streaming query failed: {failure}[/red]")
         return 1

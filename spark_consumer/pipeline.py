@@ -42,7 +42,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from emitter.markers import MalformedControlRecord, Marker, decode
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.kafka_source import POSITION_ROW_TIMESTAMP_TYPE, KafkaDataSource
+from spark_consumer.kafka_source import POSITION_ROW_TIMESTAMP_TYPE, SOURCE_NAME, KafkaDataSource
 from spark_consumer.valve import MIN_WATERMARK, Watermark, WatermarkStatus
 
 log = logging.getLogger(__name__)
@@ -362,7 +362,7 @@ def start(
     """Starts the pipeline in your own SparkSession; returns the running query."""
     spark.dataSource.register(KafkaDataSource)
     reader = (
-        spark.readStream.format("slackwater-kafka")
+        spark.readStream.format(SOURCE_NAME)
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
         .option("subscribe", f"{config.topic},{config.control_topic}")
         .option("startingOffsets", config.starting_offsets)

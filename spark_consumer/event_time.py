@@ -1,0 +1,57 @@
+"""A record's event time in epoch milliseconds, or the reason it cannot be read.
+
+The Kafka record timestamp by default; with a field name, that field of the record's
+JSON value: an integer (epoch milliseconds) or an ISO 8601 string (a naive one is UTC).
+Pure and cheap: the source's readers call it once per record.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+# What a Spark timestamp (microseconds in a signed 64-bit integer) can hold, in ms.
+MAX_EVENT_TIME_MS = (2**63 - 1) // 1000
+MIN_EVENT_TIME_MS = -(2**63) // 1000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+class UnreadableEventTime(ValueError):
+    """The record has no event time this source can use; the message says why."""
+
+
+def from_timestamp(timestamp_type: int, timestamp_ms: int) -> int:
+    """The Kafka timestamp (librdkafka: type 0 means the record has none)."""
+    if timestamp_type == 0 or timestamp_ms < 0:
+        raise UnreadableEventTime("record has no timestamp")
+    return timestamp_ms
+
+
+def from_json_field(value: bytes | None, field: str) -> int:
+    if value is None:
+        raise UnreadableEventTime("null value")
+    try:
+        document = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UnreadableEventTime("value is not JSON") from None
+    if not isinstance(document, dict) or field not in document:
+        raise UnreadableEventTime(f"no field {field!r}")
+    raw = document[field]
+    if isinstance(raw, bool):
+        raise UnreadableEventTime(f"field {field!r} is a boolean")
+    if isinstance(raw, int):
+        event_ms = raw
+    elif isinstance(raw, str):
+        try:
+            parsed = datetime.fromisoformat(raw)
+        except ValueError:
+            raise UnreadableEventTime(f"field {field!r} is not ISO 8601: {raw[:40]!r}") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        event_ms = (parsed - _EPOCH) // _MILLISECOND
+    else:
+        raise UnreadableEventTime(f"field {field!r} is {type(raw).__name__}, not a time")
+    if not MIN_EVENT_TIME_MS <= event_ms <= MAX_EVENT_TIME_MS:
+        raise UnreadableEventTime(f"field {field!r} is out of range: {event_ms}")
+    return event_ms

@@ -1,0 +1,929 @@
+"""The slackwater Kafka source: the valve's watermark as Spark's own (DESIGN §6).
+
+    events = read_stream(spark, bootstrap_servers="host:9092", topics=["orders"],
+                         control_topic="slackwater.control", max_out_of_orderness="2s")
+    events.groupBy(F.window("event_time", "10 seconds"), "key").count()
+
+or, as a two-line change to an existing job:
+
+    frame = spark.readStream.format("slackwater-kafka").option(...).load()
+    events = with_valve_watermark(frame)
+
+How the valve's watermark V becomes Spark's: every micro-batch carries one synthetic
+row whose event time is V + D, D being the ``withWatermark`` delay (36,500 days). Real
+rows give ``max(event time) - D``, far below V, so Spark's watermark is exactly V.
+``with_valve_watermark`` removes the row again, with a predicate on the event-time
+column (one without it would be pushed below the watermark node). Spark applies
+batch N's watermark from batch N+1 on:
+
+    batch        N-1              N                  N+1
+    planned      V(N-1)           V(N)               V(N+1)   (latestOffset, driver side)
+    applied      ...              V(N-1)             V(N)     (Spark's watermark)
+    late rows    event < ...      event < V(N-1)     event < V(N)
+
+The driver side (``latestOffset``) runs DESIGN §6's steps in order: the previous
+batch's progress (records, newest event time per range, produced by the readers to a
+progress topic) advances the channels; new markers are read from the control topic
+and applied once the read position (the end of the last batch whose progress arrived)
+reaches their offset; the valve's output is planned into this batch's synthetic row.
+The offset it returns records the data end offsets, the control and progress topic
+positions and the aligner/valve state: Spark logs it before running the batch, so a
+replay plans the same row and a restart continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import BooleanType, StructField, StructType, TimestampType
+
+from emitter.markers import MalformedControlRecord, Marker, decode
+from emitter.settings import parse_duration_ms
+from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from spark_consumer.event_time import (
+    MAX_EVENT_TIME_MS,
+    UnreadableEventTime,
+    from_json_field,
+    from_timestamp,
+)
+from spark_consumer.kafka_source import ARROW_SCHEMA as KAFKA_ARROW_SCHEMA
+from spark_consumer.kafka_source import SCHEMA as KAFKA_SCHEMA
+from spark_consumer.valve import MIN_WATERMARK
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "slackwater-kafka"
+# The withWatermark delay that lets the synthetic row alone set Spark's watermark.
+WATERMARK_DELAY_DAYS = 36_500
+WATERMARK_DELAY_MS = WATERMARK_DELAY_DAYS * 86_400_000
+# The highest V a synthetic row can carry (V + D must stay a Spark timestamp): the
+# planned form of MAX_WATERMARK, after which every window has ended.
+MAX_PLANNED_WATERMARK_MS = MAX_EVENT_TIME_MS - WATERMARK_DELAY_MS
+EVENT_TIME = "event_time"
+LATE = "late"
+OFFSET_VERSION = 1
+
+SCHEMA = StructType(
+    [
+        *KAFKA_SCHEMA.fields,
+        StructField(EVENT_TIME, TimestampType()),
+        StructField(LATE, BooleanType()),
+    ]
+)
+ARROW_SCHEMA = KAFKA_ARROW_SCHEMA.append(pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC"))).append(
+    pa.field(LATE, pa.bool_())
+)
+
+# Consumer settings that a producer (the readers' progress records) must not get.
+_CONSUMER_ONLY = (
+    "isolation.level",
+    "group.",
+    "auto.offset.reset",
+    "enable.auto",
+    "fetch.",
+    "max.poll",
+    "session.timeout",
+    "heartbeat",
+    "partition.assignment",
+    "queued.",
+    "check.crcs",
+)
+
+Offsets = dict[str, dict[str, int]]
+
+
+class SourceError(RuntimeError):
+    """The source cannot plan or read a batch; the message says what and where."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, named as Spark's Kafka source names them where it has one."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    control_topic: str | None
+    max_out_of_orderness_ms: int
+    event_time_field: str | None
+    starting_offsets: str
+    max_offsets_per_trigger: int | None
+    kafka_config: dict[str, str]
+    progress_timeout_s: float
+    request_timeout_s: float
+    read_timeout_s: float
+    max_records_per_arrow_batch: int
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> SourceOptions:
+        lowered = {k.lower(): v for k, v in options.items()}
+        bootstrap = lowered.get("kafka.bootstrap.servers")
+        if not bootstrap:
+            raise SourceError("option 'kafka.bootstrap.servers' is required")
+        topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
+        pattern = lowered.get("subscribepattern") or None
+        if bool(topics) == bool(pattern):
+            raise SourceError("exactly one of the options 'subscribe' and 'subscribePattern'")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise SourceError(f"option 'subscribePattern' is not a regex: {error}") from None
+        starting = lowered.get("startingoffsets", "earliest").lower()
+        if starting not in ("earliest", "latest"):
+            raise SourceError(f"option 'startingOffsets' must be earliest or latest: {starting!r}")
+        try:
+            out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
+        except ValueError as error:
+            raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
+        max_per_trigger = lowered.get("maxoffsetspertrigger")
+        if max_per_trigger is not None and (
+            not max_per_trigger.isdigit() or int(max_per_trigger) < 1
+        ):
+            raise SourceError(
+                f"option 'maxOffsetsPerTrigger' must be a positive integer: {max_per_trigger!r}"
+            )
+        kafka_config = {
+            key[len("kafka.") :]: value
+            for key, value in options.items()
+            if key.lower().startswith("kafka.") and key.lower() != "kafka.bootstrap.servers"
+        }
+        return cls(
+            bootstrap_servers=bootstrap,
+            topics=topics,
+            topic_pattern=pattern,
+            control_topic=lowered.get("controltopic") or None,
+            max_out_of_orderness_ms=out_of_orderness_ms,
+            event_time_field=lowered.get("eventtimefield") or None,
+            starting_offsets=starting,
+            max_offsets_per_trigger=int(max_per_trigger) if max_per_trigger else None,
+            kafka_config=kafka_config,
+            progress_timeout_s=float(lowered.get("progresstimeoutms", "120000")) / 1000,
+            request_timeout_s=float(lowered.get("requesttimeoutms", "30000")) / 1000,
+            read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
+            max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
+        )
+
+    def client_config(self) -> dict[str, Any]:
+        return {**self.kafka_config, "bootstrap.servers": self.bootstrap_servers}
+
+    def producer_config(self) -> dict[str, Any]:
+        return {
+            key: value
+            for key, value in self.client_config().items()
+            if not key.startswith(_CONSUMER_ONLY)
+        }
+
+    @property
+    def progress_topic(self) -> str:
+        """Where readers report each range's progress: named from the control topic."""
+        return f"{self.control_topic or 'slackwater'}.progress"
+
+    @property
+    def read_committed(self) -> bool:
+        # librdkafka's default, as Spark's Kafka source is read_uncommitted by default.
+        return self.kafka_config.get("isolation.level", "read_committed") == "read_committed"
+
+    def subscribes(self, topic: str) -> bool:
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
+
+
+def channel(topic: str, partition: int | str) -> str:
+    """A valve channel: one partition of one subscribed topic."""
+    return f"{topic}:{partition}"
+
+
+# -------------------------------------------------------------------------- progress
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a reader saw in one range: the driver needs nothing else of the data."""
+
+    records: int
+    max_event_time_ms: int | None
+    max_offset: int
+    late: int
+    unreadable: int
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Progress:
+        raw = json.loads(value)
+        return cls(
+            records=int(raw["records"]),
+            max_event_time_ms=None
+            if raw["max_event_time_ms"] is None
+            else int(raw["max_event_time_ms"]),
+            max_offset=int(raw["max_offset"]),
+            late=int(raw["late"]),
+            unreadable=int(raw["unreadable"]),
+        )
+
+
+def progress_key(
+    *, topic: str, partition: int, start: int, end: int, late_threshold_ms: int, event_time: str
+) -> str:
+    """The same range read with the same settings gives the same record: retries and
+    replays only repeat it."""
+    return f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
+
+
+# ------------------------------------------------------------------------ partitions
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One Kafka partition's ``[start, end)`` in one micro-batch."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    late_threshold_ms: int
+
+
+@dataclass(frozen=True)
+class SyntheticPartition(InputPartition):
+    """The batch's one synthetic row: event time V + D (DESIGN §6)."""
+
+    planned_watermark_ms: int
+
+
+# ---------------------------------------------------------------------------- source
+
+
+class SlackwaterKafkaSource(DataSource):
+    """``spark.readStream.format("slackwater-kafka")``: Kafka records plus the valve."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return SlackwaterStreamReader(SourceOptions.parse(dict(self.options)))
+
+
+@dataclass
+class _Plan:
+    """The driver's view between two ``latestOffset`` calls (all of it in the offset)."""
+
+    data: Offsets
+    control: dict[str, int]
+    progress: dict[str, int]
+    aligner: MarkerAligner
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class SlackwaterStreamReader(DataSourceStreamReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._admin: Any = None
+        self._control_consumer: Any = None
+        self._progress_consumer: Any = None
+        self._warned_missing_control = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Executors get the options only: Kafka clients stay with the planner."""
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+
+    # ---------------------------------------------------------------- Kafka clients
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin = AdminClient(self.options.client_config())
+        return self._admin
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer(
+            {
+                **self.options.client_config(),
+                "group.id": "slackwater-source-planner",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            }
+        )
+
+    def _partition_counts(self) -> dict[str, int]:
+        metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
+        return {
+            name: len(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None and self.options.subscribes(name)
+        }
+
+    def _list_offsets(
+        self, partitions: list[tuple[str, int]], spec_name: str
+    ) -> dict[tuple[str, int], int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        if not partitions:
+            return {}
+        spec = getattr(OffsetSpec, spec_name)()
+        isolation = (
+            IsolationLevel.READ_COMMITTED
+            if self.options.read_committed
+            else IsolationLevel.READ_UNCOMMITTED
+        )
+        futures = self._admin_client().list_offsets(
+            {TopicPartition(t, p): spec for t, p in partitions},
+            isolation_level=isolation,
+            request_timeout=self.options.request_timeout_s,
+        )
+        return {
+            (tp.topic, tp.partition): int(
+                future.result(timeout=self.options.request_timeout_s).offset
+            )
+            for tp, future in futures.items()
+        }
+
+    def _ensure_progress_topic(self) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        name = self.options.progress_topic
+        admin = self._admin_client()
+        if name in admin.list_topics(timeout=self.options.request_timeout_s).topics:
+            return
+        future = admin.create_topics(
+            [NewTopic(name, num_partitions=1, replication_factor=-1)],
+            request_timeout=self.options.request_timeout_s,
+        )[name]
+        try:
+            future.result(timeout=self.options.request_timeout_s)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SourceError(f"cannot create progress topic {name!r}: {error}") from error
+
+    def _topic_ends(self, topic: str) -> dict[str, int]:
+        """The log end of every partition of a topic; empty if the topic does not exist."""
+        metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None:
+            return {}
+        ends = self._list_offsets([(topic, p) for p in described.partitions], "latest")
+        return {str(p): end for (_, p), end in ends.items()}
+
+    # ---------------------------------------------------------------- offsets
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802
+        self._ensure_progress_topic()
+        counts = self._partition_counts()
+        partitions = [(t, p) for t, count in counts.items() for p in range(count)]
+        starting = self._list_offsets(partitions, self.options.starting_offsets)
+        data: Offsets = {}
+        for (topic, partition), offset in starting.items():
+            data.setdefault(topic, {})[str(partition)] = offset
+        aligner = self._new_aligner()
+        aligner.ensure_partitions(channel(t, p) for t, p in sorted(starting))
+        control = (
+            {p: 0 for p in self._topic_ends(self.options.control_topic)}
+            if self.options.control_topic
+            else {}
+        )
+        plan = _Plan(
+            data=data,
+            control=control,
+            progress=self._topic_ends(self.options.progress_topic),
+            aligner=aligner,
+        )
+        return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        plan = self._restore(start)
+        # 1. The previous batch's progress advances the channels' watermarks; its end
+        #    offsets are now the read positions.
+        ranges = _ranges(start["from"], start["data"])
+        progress = self._wait_for_progress(ranges, start, plan)
+        batch: dict[Any, PartitionBatch] = {}
+        for topic, partitions in plan.data.items():
+            for partition, read_position in partitions.items():
+                seen = progress.get((topic, int(partition)))
+                batch[channel(topic, partition)] = PartitionBatch(
+                    records=seen.records if seen else 0,
+                    max_event_time_ms=seen.max_event_time_ms if seen else None,
+                    max_offset=seen.max_offset if seen else -1,
+                    read_position=read_position,
+                )
+        for seen in progress.values():
+            plan.counters["records"] = plan.counters.get("records", 0) + seen.records
+            plan.counters["records_late"] = plan.counters.get("records_late", 0) + seen.late
+            plan.counters["records_unreadable"] = (
+                plan.counters.get("records_unreadable", 0) + seen.unreadable
+            )
+        # 2. New markers are read, 3. and applied once the read position reaches them.
+        self._read_markers(plan)
+        plan.aligner.advance(batch)
+        # 4. The data to read next; partitions that appeared join as new channels.
+        ends = self._data_ends(plan, limit)
+        plan.aligner.ensure_partitions(
+            channel(t, p) for t, partitions in ends.items() for p in partitions
+        )
+        planned = plan.aligner.valve.watermark
+        offset = _offset(
+            plan,
+            from_data=plan.data,
+            planned=planned,
+            late_threshold=int(start["watermark"]),
+            data=ends,
+        )
+        if _same_batch(start, offset):
+            return start  # nothing new: no batch
+        return offset
+
+    def _restore(self, offset: dict[str, Any]) -> _Plan:
+        if offset.get("v") != OFFSET_VERSION:
+            raise SourceError(f"unknown offset version {offset.get('v')!r} in the checkpoint")
+        return _Plan(
+            data={t: dict(p) for t, p in offset["data"].items()},
+            control=dict(offset["control"]),
+            progress=dict(offset["progress"]),
+            aligner=MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of),
+            counters=dict(offset.get("counters", {})),
+        )
+
+    def _new_aligner(self) -> MarkerAligner:
+        return MarkerAligner(
+            None, self.options.max_out_of_orderness_ms, channel_of=self._channel_of
+        )
+
+    def _channel_of(self, marker: Marker) -> str | None:
+        return (
+            channel(marker.topic, marker.partition)
+            if self.options.subscribes(marker.topic)
+            else None
+        )
+
+    def _data_ends(self, plan: _Plan, limit: ReadLimit) -> Offsets:
+        counts = self._partition_counts()
+        known = [(t, p) for t, count in counts.items() for p in range(count)]
+        latest = self._list_offsets(known, "latest")
+        new = [(t, p) for t, p in known if str(p) not in plan.data.get(t, {})]
+        earliest = self._list_offsets(new, "earliest")
+        for (topic, number), offset in earliest.items():
+            plan.data.setdefault(topic, {})[str(number)] = offset  # a new range starts here
+        ends: Offsets = {}
+        for topic, partitions in plan.data.items():
+            for partition, begin in partitions.items():
+                # Never go backwards from what was read (a deleted topic keeps its end).
+                end = max(begin, latest.get((topic, int(partition)), begin))
+                ends.setdefault(topic, {})[partition] = end
+        if isinstance(limit, ReadMaxRows):
+            ends = _rate_limit(plan.data, ends, limit.max_rows)
+        return ends
+
+    # ---------------------------------------------------------------- control topic
+
+    def _read_markers(self, plan: _Plan) -> None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        topic = self.options.control_topic
+        if topic is None:
+            return
+        ends = self._topic_ends(topic)
+        if not ends:
+            if not self._warned_missing_control:
+                log.warning(
+                    "control topic %s does not exist: the valve works on data alone until it does",
+                    topic,
+                )
+                self._warned_missing_control = True
+            return
+        for partition in ends:
+            plan.control.setdefault(partition, 0)
+        todo = {p: end for p, end in ends.items() if plan.control[p] < end}
+        if not todo:
+            return
+        if self._control_consumer is None:
+            self._control_consumer = self._consumer()
+        consumer = self._control_consumer
+        consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
+        deadline = time.monotonic() + self.options.read_timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise SourceError(f"timed out reading control topic {topic} up to {ends}")
+            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                error = message.error()
+                partition = str(message.partition())
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        plan.control[partition] = max(plan.control[partition], message.offset())
+                        if plan.control[partition] >= ends[partition]:
+                            todo.pop(partition, None)
+                        continue
+                    raise SourceError(f"reading control topic {topic}: {error}")
+                if message.offset() >= ends[partition]:
+                    todo.pop(partition, None)
+                    continue
+                plan.control[partition] = message.offset() + 1
+                if plan.control[partition] >= ends[partition]:
+                    todo.pop(partition, None)
+                try:
+                    record = decode(message.key(), message.value())
+                except MalformedControlRecord as reason:
+                    plan.counters["control_malformed"] = (
+                        plan.counters.get("control_malformed", 0) + 1
+                    )
+                    log.warning(
+                        "skipping malformed control record at %s: %s", message.offset(), reason
+                    )
+                    continue
+                if isinstance(record, Marker):
+                    plan.counters["markers_read"] = plan.counters.get("markers_read", 0) + 1
+                    plan.aligner.offer(record)
+        consumer.unassign()
+
+    # ---------------------------------------------------------------- progress
+
+    def _wait_for_progress(
+        self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
+    ) -> dict[tuple[str, int], Progress]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        if not ranges:
+            return {}
+        threshold = int(start["late_threshold"])
+        wanted = {
+            progress_key(
+                topic=t,
+                partition=p,
+                start=a,
+                end=b,
+                late_threshold_ms=threshold,
+                event_time=self._event_time_name(),
+            ): (t, p)
+            for t, p, a, b in ranges
+        }
+        found: dict[tuple[str, int], Progress] = {}
+        if self._progress_consumer is None:
+            self._progress_consumer = self._consumer()
+        consumer = self._progress_consumer
+        topic = self.options.progress_topic
+        consumer.assign([TopicPartition(topic, int(p), o) for p, o in plan.progress.items()])
+        deadline = time.monotonic() + self.options.progress_timeout_s
+        try:
+            while wanted:
+                if time.monotonic() > deadline:
+                    missing = ", ".join(sorted(wanted)[:5])
+                    raise SourceError(
+                        f"no progress after {self.options.progress_timeout_s:.0f}s from the "
+                        f"readers of {len(wanted)} range(s) of the last batch ({missing}) on "
+                        f"topic {topic}: the watermark cannot advance without it"
+                    )
+                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise SourceError(f"reading progress topic {topic}: {error}")
+                    plan.progress[str(message.partition())] = message.offset() + 1
+                    key = (message.key() or b"").decode(errors="replace")
+                    where = wanted.pop(key, None)
+                    if where is not None:
+                        found[where] = Progress.decode(message.value())
+        finally:
+            consumer.unassign()
+        return found
+
+    def _event_time_name(self) -> str:
+        return self.options.event_time_field or "timestamp"
+
+    # ---------------------------------------------------------------- planning
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        threshold = int(end["late_threshold"])  # == start["watermark"]
+        result: list[InputPartition] = [
+            RangePartition(topic, partition, begin, finish, threshold)
+            for topic, partition, begin, finish in _ranges(end["from"], end["data"])
+        ]
+        planned = int(end["watermark"])
+        if planned > MIN_WATERMARK:
+            result.append(SyntheticPartition(min(planned, MAX_PLANNED_WATERMARK_MS)))
+        return result
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # offsets live in Spark's checkpoint, not in a consumer group
+
+    def stop(self) -> None:
+        for client in (self._control_consumer, self._progress_consumer):
+            if client is not None:
+                client.close()
+        self._control_consumer = self._progress_consumer = None
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    # ---------------------------------------------------------------- reading
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SyntheticPartition):
+            return iter([_synthetic_batch(partition.planned_watermark_ms)])
+        assert isinstance(partition, RangePartition)
+        return read_range(self.options, partition)
+
+
+# ------------------------------------------------------------------ offsets, pure
+
+
+def _offset(
+    plan: _Plan,
+    *,
+    from_data: Offsets,
+    planned: int,
+    late_threshold: int,
+    data: Offsets | None = None,
+) -> dict[str, Any]:
+    """One batch's offset: its data ranges (``from`` -> ``data``), the positions read on
+    the control and progress topics, the watermark planned into its synthetic row, the
+    watermark Spark applies while it runs (``late_threshold``: the previous batch's plan),
+    and the aligner/valve state after planning."""
+    return {
+        "v": OFFSET_VERSION,
+        "data": data if data is not None else plan.data,
+        "from": {t: dict(p) for t, p in from_data.items()},
+        "control": dict(plan.control),
+        "progress": dict(plan.progress),
+        "watermark": planned,
+        "late_threshold": late_threshold,
+        "status": plan.aligner.valve.status.value,
+        "counters": dict(plan.counters),
+        "aligner": plan.aligner.snapshot(),
+    }
+
+
+def _same_batch(start: dict[str, Any], offset: dict[str, Any]) -> bool:
+    """True when the new offset would plan an empty batch that changes nothing."""
+    return bool(
+        offset["data"] == start["data"]
+        and start["from"] == start["data"]
+        and offset["control"] == start["control"]
+        and offset["watermark"] == start["watermark"]
+        and offset["aligner"] == start["aligner"]
+    )
+
+
+def _ranges(begin: Offsets, end: Offsets) -> list[tuple[str, int, int, int]]:
+    """Non-empty ``[start, end)`` per partition, in topic and partition order."""
+    result = []
+    for topic in sorted(end):
+        for partition, finish in sorted(end[topic].items(), key=lambda kv: int(kv[0])):
+            start = begin.get(topic, {}).get(partition, finish)
+            if finish > start:
+                result.append((topic, int(partition), int(start), int(finish)))
+    return result
+
+
+def _rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
+    """At most ``max_records`` in all, shared in proportion to what each partition has."""
+    ranges = _ranges(begin, end)
+    total = sum(b - a for _, _, a, b in ranges)
+    if total <= max_records:
+        return end
+    limited = {t: dict(p) for t, p in end.items()}
+    for topic, partition, a, b in ranges:
+        share = max(1, (b - a) * max_records // total)
+        limited[topic][str(partition)] = min(b, a + share)
+    return limited
+
+
+# ---------------------------------------------------------------------- executors
+
+
+def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
+    """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress."""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    consumer = Consumer(
+        {
+            **options.client_config(),
+            "group.id": "slackwater-reader",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+        }
+    )
+    builder = _Builder(split, options.event_time_field)
+    try:
+        consumer.assign([TopicPartition(split.topic, split.partition, split.start)])
+        position = split.start
+        deadline = time.monotonic() + options.read_timeout_s
+        while position < split.end:
+            messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SourceError(
+                        f"reading {split.topic}[{split.partition}] at {position}: {error}"
+                    )
+                offset: int = message.offset()  # type: ignore[assignment]  # set for records
+                if offset >= split.end:
+                    position = split.end
+                    break
+                builder.add(message)
+                position = offset + 1
+                if len(builder) >= options.max_records_per_arrow_batch:
+                    yield builder.flush()
+            if messages:
+                deadline = time.monotonic() + options.read_timeout_s
+            # Offset gaps (transaction markers, compaction): the consumer's position
+            # moves past offsets that carry no record.
+            current = consumer.position([TopicPartition(split.topic, split.partition)])
+            if current and current[0].offset > position:
+                position = min(current[0].offset, split.end)
+            if position < split.end and time.monotonic() > deadline:
+                raise SourceError(
+                    f"timed out reading {split.topic}[{split.partition}] at {position}, "
+                    f"expected up to {split.end}"
+                )
+        if len(builder):
+            yield builder.flush()
+    finally:
+        consumer.close()
+    # The range was read whole: its progress goes to the driver, acknowledged before the
+    # task ends (a retry or a replay writes the same record again, harmlessly).
+    producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
+    key = progress_key(
+        topic=split.topic,
+        partition=split.partition,
+        start=split.start,
+        end=split.end,
+        late_threshold_ms=split.late_threshold_ms,
+        event_time=options.event_time_field or "timestamp",
+    )
+    producer.produce(options.progress_topic, key=key.encode(), value=builder.progress().encode())
+    if producer.flush(options.request_timeout_s) != 0:
+        raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
+
+
+class _Builder:
+    """Column lists for one Arrow batch, and the range's running progress."""
+
+    def __init__(self, split: RangePartition, event_time_field: str | None) -> None:
+        self.split = split
+        self.event_time_field = event_time_field
+        self.records = self.late = self.unreadable = 0
+        self.max_event_ms: int | None = None
+        self.max_offset = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int | None] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list[list[dict[str, Any]] | None] = []
+        self.event_times: list[int | None] = []
+        self.lates: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, message: Any) -> None:
+        value = message.value()
+        offset = message.offset()
+        timestamp_type, timestamp_ms = message.timestamp()
+        self.keys.append(message.key())
+        self.values.append(value)
+        self.offsets.append(offset)
+        self.timestamps.append(timestamp_ms * 1000 if timestamp_type else None)
+        # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
+        self.timestamp_types.append(max(0, timestamp_type - 1))
+        raw_headers = message.headers()
+        self.headers.append(
+            [{"key": k, "value": v} for k, v in raw_headers] if raw_headers else None
+        )
+        self.records += 1
+        self.max_offset = offset
+        try:
+            if self.event_time_field is None:
+                event_ms = from_timestamp(timestamp_type, timestamp_ms)
+            else:
+                event_ms = from_json_field(value, self.event_time_field)
+        except UnreadableEventTime:
+            # No event time: the row is late (it cannot be placed in event time), counted.
+            self.unreadable += 1
+            self.event_times.append(None)
+            self.lates.append(True)
+            return
+        late = event_ms < self.split.late_threshold_ms
+        self.late += late
+        if self.max_event_ms is None or event_ms > self.max_event_ms:
+            self.max_event_ms = event_ms
+        self.event_times.append(event_ms * 1000)
+        self.lates.append(late)
+
+    def flush(self) -> pa.RecordBatch:
+        count = len(self.offsets)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array([self.split.topic] * count, pa.string()),
+                pa.array([self.split.partition] * count, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+                pa.array(self.timestamp_types, pa.int32()),
+                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
+                pa.array(self.event_times, pa.timestamp("us", tz="UTC")),
+                pa.array(self.lates, pa.bool_()),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+        self._reset()
+        return batch
+
+    def progress(self) -> Progress:
+        return Progress(
+            records=self.records,
+            max_event_time_ms=self.max_event_ms,
+            max_offset=self.max_offset,
+            late=self.late,
+            unreadable=self.unreadable,
+        )
+
+
+def _synthetic_batch(planned_watermark_ms: int) -> pa.RecordBatch:
+    row: dict[str, Any] = {name: None for name in ARROW_SCHEMA.names}
+    row[EVENT_TIME] = (planned_watermark_ms + WATERMARK_DELAY_MS) * 1000
+    row[LATE] = False
+    return pa.RecordBatch.from_pylist([row], schema=ARROW_SCHEMA)
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def _synthetic(frame: DataFrame) -> Column:
+    # References the event-time column, so the filter stays above the watermark node.
+    return F.col("topic").isNull() & F.col(EVENT_TIME).isNotNull()
+
+
+def with_valve_watermark(frame: DataFrame) -> DataFrame:
+    """The valve's watermark as Spark's: ``withWatermark`` on ``event_time``, then the
+    synthetic row removed."""
+    return frame.withWatermark(EVENT_TIME, f"{WATERMARK_DELAY_DAYS} days").filter(
+        ~_synthetic(frame)
+    )
+
+
+def read_stream(
+    spark: SparkSession,
+    *,
+    bootstrap_servers: str,
+    topics: Sequence[str],
+    control_topic: str | None,
+    max_out_of_orderness: str = "0s",
+    event_time_field: str | None = None,
+    starting_offsets: str = "earliest",
+    kafka_config: dict[str, str] | None = None,
+) -> DataFrame:
+    """The source with its watermark applied: what a job reads (DESIGN §6)."""
+    spark.dataSource.register(SlackwaterKafkaSource)
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", ",".join(topics))
+        .option("maxOutOfOrderness", max_out_of_orderness)
+        .option("startingOffsets", starting_offsets)
+    )
+    if control_topic is not None:
+        reader = reader.option("controlTopic", control_topic)
+    if event_time_field is not None:
+        reader = reader.option("eventTimeField", event_time_field)
+    for key, value in (kafka_config or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
+    return with_valve_watermark(reader.load())

@@ -1,0 +1,106 @@
+"""Running a user's Structured Streaming job on the slackwater source, for integration tests."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from spark_consumer.source import read_stream
+from tests.pipeline_harness import BASE_MS
+
+
+@dataclass
+class WindowJob:
+    """``groupBy(window(event_time), ...).count()`` in append mode into a memory table."""
+
+    spark: SparkSession
+    query: StreamingQuery
+    table: str
+
+    def settle(self) -> None:
+        """Everything available processed, including the batches markers make."""
+        self.query.processAllAvailable()
+        failure = self.query.exception()
+        assert failure is None, f"query failed: {failure}"
+
+    def windows(self) -> dict[tuple[int, int], int]:
+        """{(start s, end s): count} over all keys, in seconds after BASE_MS."""
+        counts: dict[tuple[int, int], int] = {}
+        for row in self.spark.sql(f"select window, count from {self.table}").collect():
+            start = int(row["window"]["start"].timestamp() * 1000)
+            end = int(row["window"]["end"].timestamp() * 1000)
+            key = ((start - BASE_MS) // 1000, (end - BASE_MS) // 1000)
+            counts[key] = counts.get(key, 0) + int(row["count"])
+        return counts
+
+    def rows(self) -> list[tuple[int, int]]:
+        """Every (window start s, count) row, for exactly-once checks."""
+        return sorted(
+            (int(row["window"]["start"].timestamp() * 1000 - BASE_MS) // 1000, int(row["count"]))
+            for row in self.spark.sql(f"select window, count from {self.table}").collect()
+        )
+
+    def watermark_ms(self) -> int | None:
+        """The watermark Spark reports for the last batch (its own, the valve's)."""
+        progress = self.query.lastProgress
+        if not progress or "watermark" not in progress.get("eventTime", {}):
+            return None
+        from datetime import datetime
+
+        stamp = progress["eventTime"]["watermark"]
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+    def source_offset(self) -> dict[str, Any]:
+        """The source's last planned offset (the valve's state is in it)."""
+        import json
+
+        progress = self.query.lastProgress
+        assert progress is not None
+        end = progress["sources"][0]["endOffset"]
+        offset: dict[str, Any] = json.loads(end) if isinstance(end, str) else end
+        return offset
+
+    def stop(self) -> None:
+        if self.query.isActive:
+            self.query.stop()
+
+
+def events(
+    spark: SparkSession, bootstrap: str, topics: list[str], control: str | None, **options: Any
+) -> DataFrame:
+    return read_stream(
+        spark,
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        control_topic=control,
+        max_out_of_orderness=options.pop("max_out_of_orderness", "1s"),
+        **options,
+    )
+
+
+def window_job(
+    spark: SparkSession,
+    frame: DataFrame,
+    tmp: Path,
+    window: str = "5 seconds",
+) -> WindowJob:
+    table = f"w_{uuid.uuid4().hex[:10]}"
+    # Spark's own aggregation: it drops the rows whose windows have ended by the
+    # watermark, and nothing else; rows without an event time have no window.
+    readable = frame.filter(F.col("event_time").isNotNull())
+    counted = readable.groupBy(F.window("event_time", window)).count()
+    query = (
+        counted.writeStream.outputMode("append")
+        .format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp / f"checkpoint-{table}"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    return WindowJob(spark, query, table)

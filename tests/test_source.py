@@ -1,0 +1,169 @@
+"""The slackwater source end to end (DESIGN §6): Apache Kafka, a local SparkSession,
+Spark's own window aggregation on the valve's watermark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from emitter.kafka_broker import KafkaBroker
+from emitter.markers import MarkerStatus
+from tests.conftest import TopicFactory
+from tests.pipeline_harness import BASE_MS, Writer
+from tests.source_harness import events, window_job
+
+ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
+
+
+def _setup(
+    broker: KafkaBroker, new_topic: TopicFactory, partitions: int
+) -> tuple[str, str, Writer]:
+    topic, control = new_topic(partitions=partitions), new_topic(partitions=1, prefix="ctl")
+    return topic, control, Writer(broker.bootstrap_servers, topic, control)
+
+
+def test_quiet_partition_marked_idle_lets_windows_close(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 3)
+    for partition in range(3):
+        write.data(partition, 0, 1, 2, 3, 4)
+    for partition in range(2):
+        write.data(partition, *range(5, 20))
+    job = window_job(spark, events(spark, broker.bootstrap_servers, [topic], control), tmp_path)
+    try:
+        job.settle()
+        # p2 is quiet but ACTIVE: it holds the valve at 4 - 1 = 3 s; nothing closes.
+        assert job.source_offset()["watermark"] == BASE_MS + 3_000
+        assert job.windows() == {}
+        write.marker(2, IDLE)  # IDLE@5: p2's log end
+        job.settle()
+        assert job.source_offset()["watermark"] == BASE_MS + 18_000
+        assert job.watermark_ms() == BASE_MS + 18_000  # Spark's own watermark is the valve's
+        assert job.windows() == {(0, 5): 15, (5, 10): 10, (10, 15): 10}
+    finally:
+        job.stop()
+
+
+def test_lagging_partition_rows_are_not_late(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 2)
+    write.data(0, *range(0, 30))
+    write.data(1, 0)
+    job = window_job(spark, events(spark, broker.bootstrap_servers, [topic], control), tmp_path)
+    try:
+        job.settle()
+        # p1 lags at 0 s: the valve holds at -1 s; Spark alone would be at 29 - 1 s.
+        assert job.source_offset()["watermark"] == BASE_MS - 1_000
+        write.data(1, *range(1, 30))  # the lagging partition catches up
+        write.data(0, 40)
+        write.data(1, 40)
+        job.settle()
+        assert job.source_offset()["counters"]["records_late"] == 0
+        # Every record of both partitions counted: windows up to 35 s have closed.
+        assert job.windows() == {(s, s + 5): 10 for s in range(0, 30, 5)}
+    finally:
+        job.stop()
+
+
+def test_finished_beside_idle_flushes_to_the_idle_partitions_watermark(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """FLINK-38477: one partition FINISHED, the other IDLE: no MAX_WATERMARK."""
+    topic, control, write = _setup(broker, new_topic, 2)
+    write.data(0, *range(0, 30))
+    write.data(1, *range(0, 10))
+    job = window_job(spark, events(spark, broker.bootstrap_servers, [topic], control), tmp_path)
+    try:
+        job.settle()
+        write.marker(0, FINISHED)
+        write.marker(1, IDLE)
+        job.settle()
+        offset = job.source_offset()
+        assert (offset["watermark"], offset["status"]) == (BASE_MS + 8_000, "IDLE")
+        assert job.windows() == {(0, 5): 10}
+        write.marker(1, FINISHED)  # all FINISHED: every window closes
+        job.settle()
+        assert job.source_offset()["status"] == "FINISHED"
+        assert job.windows() == {
+            (0, 5): 10,
+            (5, 10): 10,
+            **{(s, s + 5): 5 for s in range(10, 30, 5)},
+        }
+        assert sorted(job.rows()) == job.rows()  # each window once
+        assert len(job.rows()) == 6
+    finally:
+        job.stop()
+
+
+def test_marker_ahead_of_the_read_position_waits_for_it(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 2)
+    write.data(0, *range(0, 30))
+    write.data(1, 0, 1, 2)
+    write.marker(1, IDLE, offset=10)  # the emitter saw a log end of 10 ...
+    job = window_job(spark, events(spark, broker.bootstrap_servers, [topic], control), tmp_path)
+    try:
+        job.settle()
+        # ... but the source has read p1 only up to 3: the marker waits.
+        assert job.source_offset()["watermark"] == BASE_MS + 1_000
+        write.data(1, *range(3, 10))  # offsets 3..9: p1's read position reaches 10
+        job.settle()
+        offset = job.source_offset()
+        assert offset["watermark"] == BASE_MS + 28_000
+        assert offset["counters"]["records_late"] == 0
+        assert job.windows() == {(0, 5): 10, (5, 10): 10, (10, 15): 5, (15, 20): 5, (20, 25): 5}
+    finally:
+        job.stop()
+
+
+def test_unreadable_event_times_and_malformed_markers_are_counted_never_fatal(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 1)
+
+    def send(value: bytes) -> None:
+        write.producer.produce(topic, value=value, partition=0)
+        assert write.producer.flush(10) == 0
+
+    send(b'{"ts": %d}' % (BASE_MS + 1_000))
+    send(b'{"ts": "2023-11-14T22:13:22.500Z"}')  # BASE_MS + 2.5 s
+    send(b'{"ts": "soon"}')  # unreadable
+    send(b"not json at all")  # unreadable
+    send(b'{"ts": %d}' % (BASE_MS + 12_000))
+    write.raw_control(b"junk", b"not json")
+    frame = events(spark, broker.bootstrap_servers, [topic], control, event_time_field="ts")
+    job = window_job(spark, frame, tmp_path)
+    try:
+        job.settle()
+        offset = job.source_offset()
+        assert offset["watermark"] == BASE_MS + 11_000
+        assert offset["counters"]["records_unreadable"] == 2
+        assert offset["counters"]["control_malformed"] == 1
+        send(b'{"ts": %d}' % (BASE_MS + 3_000))  # below the applied 11 s: late
+        send(b'{"ts": %d}' % (BASE_MS + 20_000))
+        job.settle()
+        assert job.source_offset()["counters"]["records_late"] == 1
+        assert job.windows() == {(0, 5): 2, (10, 15): 1}  # the late record is not counted
+    finally:
+        job.stop()
+
+
+def test_missing_control_topic_leaves_the_valve_on_data_alone(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=2)
+    write = Writer(broker.bootstrap_servers, topic, "unused")
+    write.data(0, *range(0, 12))
+    write.data(1, *range(0, 12))
+    frame = events(spark, broker.bootstrap_servers, [topic], f"no-such-{topic}")
+    job = window_job(spark, frame, tmp_path)
+    try:
+        job.settle()
+        assert job.source_offset()["watermark"] == BASE_MS + 10_000
+        assert job.windows() == {(0, 5): 10, (5, 10): 10}  # [5, 10) ends at the watermark
+    finally:
+        job.stop()
