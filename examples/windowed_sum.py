@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--window", default="10 seconds")
+    parser.add_argument("--master", help="e.g. local-cluster[2,1,1024] (default: spark-submit's)")
     args = parser.parse_args(argv)
 
-    spark = SparkSession.builder.appName("windowed-sum").getOrCreate()
+    builder = SparkSession.builder.appName("windowed-sum")
+    if args.master:
+        builder = builder.master(args.master)
+    spark = builder.getOrCreate()
     spark.dataSource.register(SlackwaterKafkaSource)
     frame = (
         spark.readStream.format("slackwater-kafka")  # 1. instead of format("kafka")

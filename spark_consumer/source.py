@@ -887,17 +887,25 @@ def _synthetic_batch(planned_watermark_ms: int) -> pa.RecordBatch:
 # ------------------------------------------------------------------------ public API
 
 
-def _synthetic(frame: DataFrame) -> Column:
-    # References the event-time column, so the filter stays above the watermark node.
-    return F.col("topic").isNull() & F.col(EVENT_TIME).isNotNull()
+def _not_synthetic() -> Column:
+    """True for every real row.
+
+    It references the event-time column, so Spark does not push it below the watermark
+    node. And it is not deterministic (``spark_partition_id() < 0``, never true, one
+    lookup per row; Spark folds ``rand() < 0`` away, and rejects
+    ``monotonically_increasing_id()`` in streaming), so Spark pushes no later filter of
+    the user's below it either: a filter on ``topic`` or ``key`` would otherwise drop
+    the synthetic row before the watermark node sees it, and the valve's watermark
+    with it.
+    """
+    synthetic = F.col("topic").isNull() & F.col(EVENT_TIME).isNotNull()
+    return ~synthetic | (F.spark_partition_id() < 0)
 
 
 def with_valve_watermark(frame: DataFrame) -> DataFrame:
     """The valve's watermark as Spark's: ``withWatermark`` on ``event_time``, then the
     synthetic row removed."""
-    return frame.withWatermark(EVENT_TIME, f"{WATERMARK_DELAY_DAYS} days").filter(
-        ~_synthetic(frame)
-    )
+    return frame.withWatermark(EVENT_TIME, f"{WATERMARK_DELAY_DAYS} days").filter(_not_synthetic())
 
 
 def read_stream(

@@ -12,7 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
@@ -135,3 +136,152 @@ def _seconds(stamp: object) -> int:
         assert isinstance(stamp, datetime)
         parsed = stamp
     return (int(parsed.timestamp() * 1000) - BASE_MS) // 1000
+
+
+@pytest.mark.integration
+def test_windowed_sum_on_a_local_cluster_of_two_executor_processes(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """Readers in two executor JVMs with their own Python workers: progress reaches the
+    driver through Kafka, nothing through a local path."""
+    topic, control = new_topic(partitions=4), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    expected: dict[tuple[int, str], float] = {}
+    for second in range(0, 30):
+        for partition in range(4):
+            account = f"acct-{partition}"
+            value = json.dumps({"ts": BASE_MS + second * 1000, "account": account, "amount": 1.5})
+            write.producer.produce(topic, value=value.encode(), partition=partition)
+            key = (second // 10 * 10, account)
+            expected[key] = expected.get(key, 0.0) + 1.5
+            write.log_end[partition] = write.log_end.get(partition, 0) + 1
+    assert write.producer.flush(10) == 0
+    for partition in range(4):
+        write.marker(partition, FINISHED)
+    output, log = tmp_path / "out", tmp_path / "example.log"
+    process = _start(
+        "windowed_sum.py", log,
+        "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,
+        "--control-topic", control, "--output", str(output),
+        "--checkpoint", str(tmp_path / "ckpt"), "--master", "local-cluster[2,1,1024]",
+    )  # fmt: skip
+    try:
+        _wait(
+            lambda: len(_committed_rows(spark, output)) >= len(expected),
+            240,
+            "every window",
+            process,
+            log,
+        )
+        rows = _committed_rows(spark, output)
+        assert len(rows) == len(expected)  # each window once
+        assert {(_seconds(r["window_start"]), r["account"]): r["total"] for r in rows} == expected
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        _kill_group(process)
+
+
+def _memory_query(frame: DataFrame, tmp: Path, name: str) -> StreamingQuery:
+    return (
+        frame.writeStream.outputMode("append")
+        .format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(tmp / f"ckpt-{name}"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def _settle(query: StreamingQuery) -> None:
+    query.processAllAvailable()
+    assert query.exception() is None, query.exception()
+
+
+@pytest.mark.integration
+def test_session_windows_close_while_a_partition_is_quiet(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    from examples.session_window import sessions
+
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+
+    def click(partition: int, user: str, *seconds: int) -> None:
+        for second in seconds:
+            value = json.dumps({"ts": BASE_MS + second * 1000, "user": user})
+            write.producer.produce(topic, value=value.encode(), partition=partition)
+            write.log_end[partition] = write.log_end.get(partition, 0) + 1
+        assert write.producer.flush(10) == 0
+
+    click(0, "ann", 0, 2, 4, 20, 21)  # two sessions: [0, 9) and [20, 26)
+    click(1, "bob", 1, 3)  # one session [1, 8), then p1 is quiet
+    name = f"s_{topic[2:]}"
+    query = _memory_query(
+        sessions(spark, broker.bootstrap_servers, topic, control, "5 seconds"), tmp_path, name
+    )
+    try:
+        _settle(query)
+        assert spark.sql(f"select * from {name}").count() == 0  # p1 (bob, 3 s) holds it at 2 s
+        write.marker(1, MarkerStatus.IDLE)
+        _settle(query)
+        rows = {
+            (r["user"], _seconds(r["session_start"]), _seconds(r["session_end"]), r["clicks"])
+            for r in spark.sql(f"select * from {name}").collect()
+        }
+        # The valve is at ann's 21 - 1 = 20 s: sessions ending by then are out, once.
+        assert rows == {("ann", 0, 9, 3), ("bob", 1, 8, 2)}
+        assert spark.sql(f"select * from {name}").count() == 2
+    finally:
+        query.stop()
+
+
+@pytest.mark.integration
+def test_join_emits_unpaid_orders_while_the_payments_topic_is_quiet(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    from examples.join_two_topics import orders_with_payments
+
+    orders, payments = new_topic(partitions=1), new_topic(partitions=1)
+    control = new_topic(partitions=1, prefix="ctl")
+    order_writer = Writer(broker.bootstrap_servers, orders, control)
+    payment_writer = Writer(broker.bootstrap_servers, payments, control)
+
+    def send(writer: Writer, topic: str, second: int, **fields: object) -> None:
+        value = json.dumps({"ts": BASE_MS + second * 1000, **fields})
+        writer.producer.produce(topic, value=value.encode(), partition=0)
+        writer.log_end[0] = writer.log_end.get(0, 0) + 1
+        assert writer.producer.flush(10) == 0
+
+    send(order_writer, orders, 0, order="o1", amount=10.0)
+    send(order_writer, orders, 2, order="o2", amount=20.0)
+    send(payment_writer, payments, 3, order="o1")  # o2 is never paid
+    for second in range(4, 40, 4):
+        send(order_writer, orders, second, order=f"x{second}", amount=1.0)
+    name = f"j_{orders[2:]}"
+    frame = orders_with_payments(spark, broker.bootstrap_servers, orders, payments, control)
+    query = _memory_query(frame, tmp_path, name)
+    try:
+        _settle(query)
+        paid = {r["order_id"] for r in spark.sql(f"select * from {name}").collect()}
+        assert paid == {"o1"}  # matched at once; o2 waits: payments hold the valve at 2 s
+        payment_writer.marker(0, MarkerStatus.IDLE)  # the payments topic goes quiet
+        _settle(query)
+        rows = {
+            (r["order_id"], r["paid_at"] is None)
+            for r in spark.sql(f"select * from {name}").collect()
+        }
+        # Valve at 36 - 1 = 35 s: orders up to 24 s are past their 10 s, unpaid ones out.
+        assert ("o1", False) in rows and ("o2", True) in rows
+        assert {order for order, unpaid in rows if unpaid} == {
+            "o2",
+            "x4",
+            "x8",
+            "x12",
+            "x16",
+            "x20",
+            "x24",
+        }
+        assert spark.sql(f"select * from {name}").count() == len(rows)  # each once
+    finally:
+        query.stop()
