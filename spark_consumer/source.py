@@ -294,6 +294,8 @@ class _Plan:
     progress: dict[str, int]
     aligner: MarkerAligner
     counters: dict[str, int] = field(default_factory=dict)
+    # How long planning waited for the readers' progress (informational, not compared).
+    progress_wait_ms: int = 0
 
 
 class SlackwaterStreamReader(DataSourceStreamReader):
@@ -424,7 +426,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # 1. The previous batch's progress advances the channels' watermarks; its end
         #    offsets are now the read positions.
         ranges = _ranges(start["from"], start["data"])
+        waited_from = time.monotonic()
         progress = self._wait_for_progress(ranges, start, plan)
+        plan.progress_wait_ms = int((time.monotonic() - waited_from) * 1000)
         batch: dict[Any, PartitionBatch] = {}
         for topic, partitions in plan.data.items():
             for partition, read_position in partitions.items():
@@ -679,6 +683,7 @@ def _offset(
         "late_threshold": late_threshold,
         "status": plan.aligner.valve.status.value,
         "counters": dict(plan.counters),
+        "progress_wait_ms": plan.progress_wait_ms,
         "aligner": plan.aligner.snapshot(),
     }
 

@@ -6,14 +6,37 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
-from emitter.kafka_broker import KafkaBroker
+from emitter.kafka_broker import KafkaBroker, free_port
 from emitter.markers import MarkerStatus
+from spark_consumer.source_metrics import serve_source_metrics
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import BASE_MS, Writer
 from tests.source_harness import events, window_job
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
+
+
+def _scrape(query: StreamingQuery) -> dict[str, float]:
+    """A real scrape of the source's /metrics, as {series: value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = serve_source_metrics(lambda: [query], port=free_port(), host="127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        server.stop()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}"] = sample.value
+    return values
 
 
 def _setup(
@@ -87,6 +110,21 @@ def test_finished_beside_idle_flushes_to_the_idle_partitions_watermark(
         write.marker(1, FINISHED)  # all FINISHED: every window closes
         job.settle()
         assert job.source_offset()["status"] == "FINISHED"
+        metrics = _scrape(job.query)
+        assert metrics[f'slackwater_source_up{{query="{job.table}"}}'] == 1
+        assert (
+            metrics[f'slackwater_source_valve_status{{query="{job.table}",status="FINISHED"}}'] == 1
+        )
+        assert metrics[f'slackwater_source_records_total{{query="{job.table}"}}'] == 40
+        assert metrics[f'slackwater_source_markers_applied_total{{query="{job.table}"}}'] == 3
+        assert metrics[f'slackwater_source_markers_pending{{query="{job.table}"}}'] == 0
+        assert (
+            metrics[
+                f'slackwater_source_partition_status{{partition="1",query="{job.table}",'
+                f'status="FINISHED",topic="{topic}"}}'
+            ]
+            == 1
+        )
         assert job.windows() == {
             (0, 5): 10,
             (5, 10): 10,

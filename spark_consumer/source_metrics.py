@@ -1,0 +1,181 @@
+"""Every metric of the slackwater source, read at scrape time from the queries' progress.
+
+The source's planning runs in a Python process of Spark's own, not in the job's; what it
+decided is in the offset it returned, which Spark reports in each query's progress. So
+the job's process exports it from there: exact (the same state a restart restores),
+cumulative across restarts (the counters travel in the checkpointed offset), with no
+second channel from the planner. Listed in docs/metrics.md.
+
+    serve_source_metrics(lambda: [query], port=9464)   # GET /metrics
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pyspark.sql.streaming.query import StreamingQuery
+
+from emitter.http_server import MetricsServer
+from emitter.markers import MarkerStatus
+from spark_consumer.valve import WatermarkStatus
+
+PREFIX = "slackwater_source_"
+
+Queries = Callable[[], list[StreamingQuery]]
+
+
+def source_offsets(query: StreamingQuery) -> list[dict[str, Any]]:
+    """The last planned offset of every slackwater source in the query."""
+    progress = query.lastProgress
+    if not progress:
+        return []
+    offsets = []
+    for source in progress.get("sources", []):
+        end = source.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        if isinstance(end, dict) and "aligner" in end and "watermark" in end:
+            offsets.append(end)
+    return offsets
+
+
+class SourceCollector(Collector):
+    """Metric families built per scrape from each query's last planned offset."""
+
+    def __init__(self, queries: Queries) -> None:
+        self._queries = queries
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            PREFIX + "up", "1 while the streaming query runs without failure.", labels=["query"]
+        )
+        watermark = GaugeMetricFamily(
+            PREFIX + "valve_watermark_ms",
+            "The valve's output watermark planned last (ms since the epoch); Spark applies "
+            "it from the next batch on.",
+            labels=["query"],
+        )
+        status = GaugeMetricFamily(
+            PREFIX + "valve_status",
+            "1 for the valve's output status, 0 for the others.",
+            labels=["query", "status"],
+        )
+        partition_status = GaugeMetricFamily(
+            PREFIX + "partition_status",
+            "1 for the partition's status at the source, 0 for the others.",
+            labels=["query", "topic", "partition", "status"],
+        )
+        partition_watermark = GaugeMetricFamily(
+            PREFIX + "partition_watermark_ms",
+            "Newest event time read on the partition minus the max out-of-orderness.",
+            labels=["query", "topic", "partition"],
+        )
+        pending = GaugeMetricFamily(
+            PREFIX + "markers_pending",
+            "Markers waiting for the read position to reach their offset.",
+            labels=["query"],
+        )
+        progress_wait = GaugeMetricFamily(
+            PREFIX + "progress_wait_seconds",
+            "How long the last planning waited for the readers' progress.",
+            labels=["query"],
+        )
+        counters = {
+            name: CounterMetricFamily(PREFIX + name, help_text, labels=["query"])
+            for name, help_text in _COUNTERS.items()
+        }
+        rejected = CounterMetricFamily(
+            PREFIX + "markers_rejected",
+            "Markers ignored (stale epoch, after FINISHED, topic not read), by reason.",
+            labels=["query", "reason"],
+        )
+        for query in self._queries():
+            name = query.name or str(query.id)
+            up.add_metric([name], 1.0 if query.isActive and query.exception() is None else 0.0)
+            for offset in source_offsets(query):
+                self._add(
+                    offset,
+                    name,
+                    watermark=watermark,
+                    status=status,
+                    partition_status=partition_status,
+                    partition_watermark=partition_watermark,
+                )
+                aligner = offset["aligner"]
+                pending.add_metric(
+                    [name], sum(len(state["pending"]) for _, state in aligner["partitions"])
+                )
+                progress_wait.add_metric([name], offset.get("progress_wait_ms", 0) / 1000)
+                values = {**offset.get("counters", {}), **aligner["counters"]}
+                for key, family in counters.items():
+                    family.add_metric([name], float(values.get(key, 0)))
+                for reason, count in aligner["counters"]["markers_rejected"].items():
+                    rejected.add_metric([name, reason], float(count))
+        yield from (up, watermark, status, partition_status, partition_watermark, pending)
+        yield progress_wait
+        yield from counters.values()
+        yield rejected
+
+    @staticmethod
+    def _add(
+        offset: dict[str, Any],
+        name: str,
+        *,
+        watermark: GaugeMetricFamily,
+        status: GaugeMetricFamily,
+        partition_status: GaugeMetricFamily,
+        partition_watermark: GaugeMetricFamily,
+    ) -> None:
+        watermark.add_metric([name], float(offset["watermark"]))
+        for candidate in WatermarkStatus:
+            status.add_metric([name, candidate.value], float(candidate.value == offset["status"]))
+        channel_watermarks = {
+            channel: channel_watermark
+            for channel, channel_watermark, _status, _aligned in offset["aligner"]["valve"][
+                "channels"
+            ]
+        }
+        for channel, state in offset["aligner"]["partitions"]:
+            topic, _, partition = str(channel).rpartition(":")
+            for marker_status in MarkerStatus:
+                partition_status.add_metric(
+                    [name, topic, partition, marker_status.value],
+                    float(marker_status.value == state["status"]),
+                )
+            partition_watermark.add_metric(
+                [name, topic, partition], float(channel_watermarks.get(channel, 0))
+            )
+
+
+# Counters kept in the offset (the source's own and the aligner's), cumulative across
+# restarts of the query.
+_COUNTERS = {
+    "records": "Records read (each range once, replays not counted twice).",
+    "records_late": "Records whose event time was below the watermark Spark applied.",
+    "records_unreadable": "Records without a readable event time (event_time null, late).",
+    "markers_read": "Markers read from the control topic.",
+    "markers_applied": "Markers applied to the valve.",
+    "markers_superseded": "IDLE markers contradicted by data at or after their offset.",
+    "control_malformed": "Control records skipped as malformed.",
+    "records_after_finished": "Records read on a FINISHED partition (a protocol violation).",
+    "data_reactivations": "IDLE partitions made ACTIVE again by data (data beats markers).",
+}
+
+
+def source_registry(queries: Queries) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(SourceCollector(queries))
+    return registry
+
+
+def serve_source_metrics(queries: Queries, port: int, host: str = "0.0.0.0") -> MetricsServer:
+    """``/metrics`` for the slackwater sources of the given queries, in a thread."""
+    return MetricsServer(host, port, source_registry(queries), {}).start()
