@@ -54,6 +54,7 @@ unit: $(STAMP)
 bench: $(STAMP) $(JARS)
 	$(BIN)/python -m bench.valve_bench
 	$(BIN)/python -m bench.emitter_bench
+	$(BIN)/python -m bench.source_planning_bench
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,70 @@
+"""Milliseconds of the source's planning that are pure Python, per batch, by partitions.
+
+    .venv/bin/python -m bench.source_planning_bench [--partitions 100 1000 10000]
+
+What ``latestOffset`` does besides its Kafka requests, on one synthetic batch where
+every partition read records: restore the aligner/valve from the previous offset (as
+Spark hands it back, parsed JSON), apply every partition's progress, snapshot the state
+into the new offset, and the JSON round trip Spark puts the offset through. Kafka's
+part (ListOffsets of every partition, the progress and control reads) is measured on
+the broker by bench/pipeline_bench, not here. Best and median of 7 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from spark_consumer.alignment import MarkerAligner, PartitionBatch
+
+
+def channel_of(marker: object) -> str | None:
+    return None
+
+
+def offset_for(partitions: int) -> dict[str, object]:
+    aligner = MarkerAligner(None, 2_000, channel_of=channel_of)
+    aligner.ensure_partitions(f"orders:{p}" for p in range(partitions))
+    aligner.advance(
+        {f"orders:{p}": PartitionBatch(10, 1_700_000_000_000 + p, 9, 10) for p in range(partitions)}
+    )
+    document = {"aligner": aligner.snapshot()}
+    parsed: dict[str, object] = json.loads(json.dumps(document))
+    return parsed
+
+
+def plan_once(offset: dict[str, object], partitions: int, step: int) -> float:
+    started = time.perf_counter()
+    snapshot = offset["aligner"]
+    assert isinstance(snapshot, dict)
+    aligner = MarkerAligner.restore(snapshot, channel_of=channel_of)
+    aligner.advance(
+        {
+            f"orders:{p}": PartitionBatch(10, 1_700_000_000_000 + p + step, 9 + step, 10 + step)
+            for p in range(partitions)
+        }
+    )
+    new_offset = {"aligner": aligner.snapshot()}
+    json.loads(json.dumps(new_offset))  # Spark writes the offset log and hands it back
+    return (time.perf_counter() - started) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, nargs="+", default=[100, 1_000, 10_000])
+    args = parser.parse_args()
+    print(f"{'partitions':>10} {'best ms':>9} {'median ms':>10} {'offset KiB':>11}")
+    for partitions in args.partitions:
+        offset = offset_for(partitions)
+        runs = [plan_once(offset, partitions, step) for step in range(1, 8)]
+        size_kib = len(json.dumps(offset)) / 1024
+        print(
+            f"{partitions:>10,} {min(runs):>9.1f} {statistics.median(runs):>10.1f}"
+            f" {size_kib:>11,.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
