@@ -50,6 +50,12 @@ def _committed_rows(spark: SparkSession, output: Path) -> list[dict[str, object]
     return [row.asDict() for row in spark.read.schema(schema).json(str(output)).collect()]
 
 
+def _batches(checkpoint: Path, log: str) -> int:
+    """Batches Spark has written to a checkpoint log ("offsets": planned, "commits": done)."""
+    folder = checkpoint / log
+    return sum(1 for f in folder.iterdir() if f.name.isdigit()) if folder.exists() else 0
+
+
 def _wait(
     predicate: object, timeout_s: float, what: str, process: subprocess.Popen[bytes], log: Path
 ) -> None:
@@ -95,9 +101,11 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
     first = _start("windowed_sum.py", log, *arguments)
     try:
         _wait(lambda: len(_committed_rows(spark, output)) >= 2, 180, "first windows", first, log)
+        planned = _batches(checkpoint, "offsets")
         for second in range(25, 40):
             pay(second)
-        time.sleep(1.0)  # let a batch start, then kill the driver somewhere inside
+        # Once a new batch is planned (logged, maybe running), kill the driver.
+        _wait(lambda: _batches(checkpoint, "offsets") > planned, 60, "a batch", first, log)
     finally:
         _kill_group(first)
     for second in range(40, 60):
@@ -113,7 +121,14 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
             second_run,
             log,
         )
-        time.sleep(2)  # a duplicate would be committed by now
+        # Every planned batch committed: the query is idle and its output final.
+        _wait(
+            lambda: _batches(checkpoint, "commits") == _batches(checkpoint, "offsets"),
+            60,
+            "every batch committed",
+            second_run,
+            log,
+        )
         rows = _committed_rows(spark, output)
         seen = Counter((_seconds(r["window_start"]), r["account"]) for r in rows)
         assert all(count == 1 for count in seen.values()), seen  # each window once
@@ -283,5 +298,39 @@ def test_join_emits_unpaid_orders_while_the_payments_topic_is_quiet(
             "x24",
         }
         assert spark.sql(f"select * from {name}").count() == len(rows)  # each once
+    finally:
+        query.stop()
+
+
+@pytest.mark.integration
+def test_deduplicated_counts_drop_every_second_copy(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    from examples.deduplicate import unique_counts
+
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    for second in range(0, 30):
+        partition = second % 2
+        value = json.dumps({"ts": BASE_MS + second * 1000, "id": f"e{second}"}).encode()
+        copies = 2 if second % 3 == 0 else 1  # a retrying producer wrote some twice
+        for _ in range(copies):
+            write.producer.produce(topic, value=value, partition=partition)
+            write.log_end[partition] = write.log_end.get(partition, 0) + 1
+    assert write.producer.flush(10) == 0
+    write.marker(0, FINISHED)
+    write.marker(1, FINISHED)
+    name = f"d_{topic[2:]}"
+    query = _memory_query(
+        unique_counts(spark, broker.bootstrap_servers, topic, control), tmp_path, name
+    )
+    try:
+        _settle(query)
+        rows = {
+            _seconds(r["window_start"]): r["events"]
+            for r in spark.sql(f"select * from {name}").collect()
+        }
+        assert rows == {0: 10, 10: 10, 20: 10}  # 40 records, 30 distinct events
+        assert spark.sql(f"select * from {name}").count() == 3
     finally:
         query.stop()
