@@ -10,11 +10,15 @@ import gc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from emitter.kafka_broker import KafkaBroker
+
+if TYPE_CHECKING:
+    from tests.emitter_harness import RunningEmitter
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,6 +72,28 @@ def new_topic(admin: AdminClient) -> TopicFactory:
         return name
 
     return create
+
+
+EmitterFactory = Callable[..., "RunningEmitter"]
+
+
+@pytest.fixture
+def emitters(broker: KafkaBroker) -> Iterator[EmitterFactory]:
+    """Starts emitters on the session broker; stops every one, also when a test fails."""
+    from tests.emitter_harness import start_emitter
+
+    started: list[RunningEmitter] = []
+
+    def start(**settings: object) -> RunningEmitter:
+        settings.setdefault("bootstrap_servers", broker.bootstrap_servers)
+        running = start_emitter(**settings)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if running.thread.is_alive():
+            running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -6,48 +6,25 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
-from tests.conftest import TopicFactory
+from tests.conftest import EmitterFactory, TopicFactory
 from tests.emitter_harness import (
     DEADLINE_S,
     FAST,
     POLLS_PAST_IDLE_TIMEOUT,
-    RunningEmitter,
     after_polls,
     control_markers,
     produce_one,
-    start_emitter,
     wait_until,
 )
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 POLL_S = FAST["poll_interval_ms"] / 1000
-
-EmitterFactory = Callable[..., RunningEmitter]
-
-
-@pytest.fixture
-def emitters(broker: KafkaBroker) -> Iterator[EmitterFactory]:
-    """Starts emitters on the session broker; stops every one, also when a test fails."""
-    started: list[RunningEmitter] = []
-
-    def start(**settings: object) -> RunningEmitter:
-        settings.setdefault("bootstrap_servers", broker.bootstrap_servers)
-        running = start_emitter(**settings)
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        if running.thread.is_alive():
-            running.stop()
 
 
 def _finish(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 from emitter.control_topic import ControlTopicReader
 from emitter.kafka_broker import KafkaBroker
 from emitter.markers import ControlRecord, MarkerStatus
-from tests.conftest import TEST_BROKER_SETTINGS, TopicFactory
+from tests.conftest import TEST_BROKER_SETTINGS, EmitterFactory, TopicFactory
 from tests.emitter_harness import (
     RunningEmitter,
     after_polls,
@@ -37,22 +37,6 @@ from tests.emitter_harness import (
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def emitters(broker: KafkaBroker) -> Iterator[Callable[..., RunningEmitter]]:
-    started: list[RunningEmitter] = []
-
-    def start(**settings: Any) -> RunningEmitter:
-        settings.setdefault("bootstrap_servers", broker.bootstrap_servers)
-        running = start_emitter(**settings)
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        if running.thread.is_alive():
-            running.stop()
 
 
 def _control() -> str:
@@ -99,7 +83,7 @@ def _owned_counts(running: RunningEmitter) -> list[int] | None:
 def test_emitter_follows_a_real_groups_members_assignment_and_rebalances(
     broker: KafkaBroker,
     new_topic: TopicFactory,
-    emitters: Callable[..., RunningEmitter],
+    emitters: EmitterFactory,
     protocol: str,
 ) -> None:
     topic, group = new_topic(partitions=4), f"g-{uuid.uuid4().hex[:8]}"
@@ -246,7 +230,7 @@ def test_compacted_control_topic_keeps_the_latest_marker_per_partition(
     broker: KafkaBroker,
     admin: AdminClient,
     new_topic: TopicFactory,
-    emitters: Callable[..., RunningEmitter],
+    emitters: EmitterFactory,
 ) -> None:
     topic, control = new_topic(partitions=2), _control()
     bootstrap = broker.bootstrap_servers
@@ -327,7 +311,7 @@ def test_partitions_added_to_a_watched_topic_are_watched_and_marked(
     broker: KafkaBroker,
     admin: AdminClient,
     new_topic: TopicFactory,
-    emitters: Callable[..., RunningEmitter],
+    emitters: EmitterFactory,
 ) -> None:
     topic, control = new_topic(partitions=2), _control()
     bootstrap = broker.bootstrap_servers
