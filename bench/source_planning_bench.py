@@ -3,9 +3,10 @@
     .venv/bin/python -m bench.source_planning_bench [--partitions 100 1000 10000]
 
 What ``latestOffset`` does besides its Kafka requests, on one synthetic batch where
-every partition read records: restore the aligner/valve from the previous offset (as
-Spark hands it back, parsed JSON), apply every partition's progress, snapshot the state
-into the new offset, and the JSON round trip Spark puts the offset through. Kafka's
+every partition read records: get the aligner/valve state of the previous offset, apply
+every partition's progress, snapshot the state into the new offset, and the JSON round
+trip Spark puts the offset through. "warm" is the steady state (the planner kept the
+state it returned last); "cold" restores it from the offset's JSON (a restart). Kafka's
 part (ListOffsets of every partition, the progress and control reads) is measured on
 the broker by bench/pipeline_bench, not here. Best and median of 7 runs.
 """
@@ -35,11 +36,12 @@ def offset_for(partitions: int) -> dict[str, object]:
     return parsed
 
 
-def plan_once(offset: dict[str, object], partitions: int, step: int) -> float:
-    started = time.perf_counter()
+def plan_once(offset: dict[str, object], partitions: int, step: int, *, cold: bool) -> float:
     snapshot = offset["aligner"]
     assert isinstance(snapshot, dict)
-    aligner = MarkerAligner.restore(snapshot, channel_of=channel_of)
+    warm = None if cold else MarkerAligner.restore(snapshot, channel_of=channel_of)
+    started = time.perf_counter()
+    aligner = warm or MarkerAligner.restore(snapshot, channel_of=channel_of)
     aligner.advance(
         {
             f"orders:{p}": PartitionBatch(10, 1_700_000_000_000 + p + step, 9 + step, 10 + step)
@@ -55,15 +57,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, nargs="+", default=[100, 1_000, 10_000])
     args = parser.parse_args()
-    print(f"{'partitions':>10} {'best ms':>9} {'median ms':>10} {'offset KiB':>11}")
+    print(f"{'partitions':>10} {'state':>5} {'best ms':>9} {'median ms':>10} {'offset KiB':>11}")
     for partitions in args.partitions:
         offset = offset_for(partitions)
-        runs = [plan_once(offset, partitions, step) for step in range(1, 8)]
         size_kib = len(json.dumps(offset)) / 1024
-        print(
-            f"{partitions:>10,} {min(runs):>9.1f} {statistics.median(runs):>10.1f}"
-            f" {size_kib:>11,.0f}"
-        )
+        for cold in (False, True):
+            runs = [plan_once(offset, partitions, step, cold=cold) for step in range(1, 8)]
+            print(
+                f"{partitions:>10,} {'cold' if cold else 'warm':>5} {min(runs):>9.1f}"
+                f" {statistics.median(runs):>10.1f} {size_kib:>11,.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -273,19 +273,20 @@ class MarkerAligner:
                 "consumer_idle_timeouts": self.counters.consumer_idle_timeouts,
             },
             "consumer_idle_timeout_ms": self.consumer_idle_timeout_ms,
+            # One positional row per partition (10,000 partitions travel in every offset
+            # of the source): [channel, status, read_position, max_record_offset,
+            # newest_event_ms, epoch, idle_offset, last_data_ms, pending markers].
             "partitions": [
                 [
                     p,
-                    {
-                        "status": s.status.value,
-                        "read_position": s.read_position,
-                        "max_record_offset": s.max_record_offset,
-                        "newest_event_ms": s.newest_event_ms,
-                        "epoch": s.epoch,
-                        "idle_offset": s.idle_offset,
-                        "last_data_ms": s.last_data_ms,
-                        "pending": [m.model_dump(mode="json") for m in s.pending],
-                    },
+                    s.status.value,
+                    s.read_position,
+                    s.max_record_offset,
+                    s.newest_event_ms,
+                    s.epoch,
+                    s.idle_offset,
+                    s.last_data_ms,
+                    [m.model_dump(mode="json") for m in s.pending] if s.pending else [],
                 ]
                 for p, s in self.partitions.items()
             ],
@@ -303,16 +304,27 @@ class MarkerAligner:
         )
         aligner.valve = StatusWatermarkValve.restore(snapshot["valve"])
         aligner.counters = Counters(**snapshot["counters"])
-        for key, raw in snapshot["partitions"]:
-            aligner.partitions[key] = _Partition(
-                status=MarkerStatus(raw["status"]),
-                read_position=raw["read_position"],
-                max_record_offset=raw["max_record_offset"],
-                newest_event_ms=raw["newest_event_ms"],
-                epoch=raw["epoch"],
-                idle_offset=raw["idle_offset"],
-                last_data_ms=raw.get("last_data_ms"),
-                pending=[Marker.model_validate_json(_json(m)) for m in raw["pending"]],
+        partitions = aligner.partitions
+        for (
+            key,
+            status,
+            read_position,
+            max_offset,
+            newest,
+            epoch,
+            idle,
+            last_data,
+            pending,
+        ) in snapshot["partitions"]:
+            partitions[key] = _Partition(
+                status=MarkerStatus(status),
+                read_position=read_position,
+                max_record_offset=max_offset,
+                newest_event_ms=newest,
+                epoch=epoch,
+                idle_offset=idle,
+                last_data_ms=last_data,
+                pending=[Marker.model_validate_json(_json(m)) for m in pending],
             )
         return aligner
 

@@ -37,6 +37,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,12 +52,7 @@ from pyspark.sql.types import BooleanType, StructField, StructType, TimestampTyp
 from emitter.markers import MalformedControlRecord, Marker, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.event_time import (
-    MAX_EVENT_TIME_MS,
-    UnreadableEventTime,
-    from_json_field,
-    from_timestamp,
-)
+from spark_consumer.event_time import MAX_EVENT_TIME_MS, UnreadableEventTime, from_json_field
 from spark_consumer.kafka_source import ARROW_SCHEMA as KAFKA_ARROW_SCHEMA
 from spark_consumer.kafka_source import SCHEMA as KAFKA_SCHEMA
 from spark_consumer.valve import MIN_WATERMARK
@@ -305,6 +301,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._control_consumer: Any = None
         self._progress_consumer: Any = None
         self._warned_missing_control = False
+        # (plan id, aligner) of the offset this planner returned last: the next call
+        # usually starts from it and need not rebuild the state from JSON.
+        self._cached: tuple[str, MarkerAligner] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Executors get the options only: Kafka clients stay with the planner."""
@@ -422,6 +421,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        if self._nothing_new_since(start):
+            return start  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 1. The previous batch's progress advances the channels' watermarks; its end
         #    offsets are now the read positions.
@@ -462,17 +463,40 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             data=ends,
         )
         if _same_batch(start, offset):
+            self._cached = (start.get("plan_id", ""), plan.aligner)  # still start's state
             return start  # nothing new: no batch
+        self._cached = (offset["plan_id"], plan.aligner)
         return offset
+
+    def _nothing_new_since(self, start: dict[str, Any]) -> bool:
+        """No range to account for, no new record on the data or control topics, no new
+        partition: planning would return ``start``. Kafka requests only."""
+        if start["from"] != start["data"]:
+            return False
+        known = start["data"]
+        counts = self._partition_counts()
+        if counts.keys() != known.keys() or any(len(known[t]) != n for t, n in counts.items()):
+            return False
+        latest = self._list_offsets([(t, p) for t, n in counts.items() for p in range(n)], "latest")
+        if any(end > known[t][str(p)] for (t, p), end in latest.items()):
+            return False
+        control = self.options.control_topic
+        return control is None or self._topic_ends(control).items() <= start["control"].items()
 
     def _restore(self, offset: dict[str, Any]) -> _Plan:
         if offset.get("v") != OFFSET_VERSION:
             raise SourceError(f"unknown offset version {offset.get('v')!r} in the checkpoint")
+        cached = self._cached
+        if cached is not None and cached[0] == offset.get("plan_id"):
+            aligner = cached[1]  # the state this planner left in that offset: no restore
+        else:
+            aligner = MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of)
+        self._cached = None  # mutated from here on
         return _Plan(
             data={t: dict(p) for t, p in offset["data"].items()},
             control=dict(offset["control"]),
             progress=dict(offset["progress"]),
-            aligner=MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of),
+            aligner=aligner,
             counters=dict(offset.get("counters", {})),
         )
 
@@ -675,6 +699,7 @@ def _offset(
     and the aligner/valve state after planning."""
     return {
         "v": OFFSET_VERSION,
+        "plan_id": uuid.uuid4().hex,
         "data": data if data is not None else plan.data,
         "from": {t: dict(p) for t, p in from_data.items()},
         "control": dict(plan.control),
@@ -728,10 +753,15 @@ def _rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
 
 def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
     """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka import Consumer, Producer, TopicPartition
 
     consumer = Consumer(
         {
+            # librdkafka (>= 2.3) pauses fetching for fetch.queue.backoff.ms (default
+            # 1 s) whenever its queue holds queued.min.messages (100,000): a reader that
+            # drains 10,000 at a time then sat idle most of the time, at 180k records/s
+            # instead of over 1M (docs/performance.md). A kafka.* option overrides it.
+            "fetch.queue.backoff.ms": 10,
             **options.client_config(),
             "group.id": "slackwater-reader",
             "enable.auto.commit": False,
@@ -746,22 +776,18 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         deadline = time.monotonic() + options.read_timeout_s
         while position < split.end:
             messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise SourceError(
-                        f"reading {split.topic}[{split.partition}] at {position}: {error}"
-                    )
-                offset: int = message.offset()  # type: ignore[assignment]  # set for records
-                if offset >= split.end:
-                    position = split.end
-                    break
-                builder.add(message)
-                position = offset + 1
+            records = _records_before(messages, split, position)
+            if records:
+                builder.add_many(records)
+                position = int(records[-1].offset()) + 1
                 if len(builder) >= options.max_records_per_arrow_batch:
                     yield builder.flush()
+            if (
+                messages
+                and messages[-1].error() is None
+                and (messages[-1].offset() or 0) >= split.end
+            ):
+                position = split.end  # read past the range: it is complete
             if messages:
                 deadline = time.monotonic() + options.read_timeout_s
             # Offset gaps (transaction markers, compaction): the consumer's position
@@ -794,8 +820,30 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
 
 
+def _records_before(messages: list[Any], split: RangePartition, position: int) -> list[Any]:
+    """The records of one consume call that belong to the range, in offset order.
+
+    Errors are rare: one check over the call, and the slow path only when one is there.
+    """
+    if any(message.error() is not None for message in messages):
+        from confluent_kafka import KafkaError
+
+        for message in messages:
+            error = message.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise SourceError(
+                    f"reading {split.topic}[{split.partition}] at {position}: {error}"
+                )
+        messages = [message for message in messages if message.error() is None]
+    if messages and messages[-1].offset() >= split.end:
+        messages = [message for message in messages if message.offset() < split.end]
+    return messages
+
+
 class _Builder:
-    """Column lists for one Arrow batch, and the range's running progress."""
+    """Column lists for Arrow batches, filled a consume call at a time, and the range's
+    running progress. Column-wise on purpose: one comprehension per column costs a
+    fraction of one Python call per record (docs/performance.md)."""
 
     def __init__(self, split: RangePartition, event_time_field: str | None) -> None:
         self.split = split
@@ -818,39 +866,50 @@ class _Builder:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def add(self, message: Any) -> None:
-        value = message.value()
-        offset = message.offset()
-        timestamp_type, timestamp_ms = message.timestamp()
-        self.keys.append(message.key())
-        self.values.append(value)
-        self.offsets.append(offset)
-        self.timestamps.append(timestamp_ms * 1000 if timestamp_type else None)
+    def add_many(self, messages: list[Any]) -> None:
+        values = [m.value() for m in messages]
+        stamps = [m.timestamp() for m in messages]
+        offsets = [m.offset() for m in messages]
+        self.keys += [m.key() for m in messages]
+        self.values += values
+        self.offsets += offsets
         # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
-        self.timestamp_types.append(max(0, timestamp_type - 1))
-        raw_headers = message.headers()
-        self.headers.append(
-            [{"key": k, "value": v} for k, v in raw_headers] if raw_headers else None
-        )
-        self.records += 1
-        self.max_offset = offset
-        try:
-            if self.event_time_field is None:
-                event_ms = from_timestamp(timestamp_type, timestamp_ms)
-            else:
-                event_ms = from_json_field(value, self.event_time_field)
-        except UnreadableEventTime:
-            # No event time: the row is late (it cannot be placed in event time), counted.
-            self.unreadable += 1
-            self.event_times.append(None)
-            self.lates.append(True)
-            return
-        late = event_ms < self.split.late_threshold_ms
-        self.late += late
-        if self.max_event_ms is None or event_ms > self.max_event_ms:
-            self.max_event_ms = event_ms
-        self.event_times.append(event_ms * 1000)
-        self.lates.append(late)
+        self.timestamps += [ms * 1000 if kind else None for kind, ms in stamps]
+        self.timestamp_types += [kind - 1 if kind else 0 for kind, _ in stamps]
+        self.headers += [
+            [{"key": k, "value": v} for k, v in raw] if raw else None
+            for raw in (m.headers() for m in messages)
+        ]
+        event_ms = self._event_times(values, stamps)
+        threshold = self.split.late_threshold_ms
+        # No event time: the row is late (it cannot be placed in event time), counted.
+        lates = [ms is None or ms < threshold for ms in event_ms]
+        readable = [ms for ms in event_ms if ms is not None]
+        unreadable = len(event_ms) - len(readable)
+        self.records += len(messages)
+        self.unreadable += unreadable
+        self.late += sum(lates) - unreadable
+        if readable:
+            newest = max(readable)
+            if self.max_event_ms is None or newest > self.max_event_ms:
+                self.max_event_ms = newest
+        self.max_offset = offsets[-1]
+        self.event_times += [None if ms is None else ms * 1000 for ms in event_ms]
+        self.lates += lates
+
+    def _event_times(
+        self, values: list[bytes | None], stamps: list[tuple[int, int]]
+    ) -> list[int | None]:
+        if self.event_time_field is None:
+            return [ms if kind and ms >= 0 else None for kind, ms in stamps]
+        field_name = self.event_time_field
+        result: list[int | None] = []
+        for value in values:
+            try:
+                result.append(from_json_field(value, field_name))
+            except UnreadableEventTime:
+                result.append(None)
+        return result
 
     def flush(self) -> pa.RecordBatch:
         count = len(self.offsets)

@@ -110,9 +110,7 @@ class SourceCollector(Collector):
                     partition_watermark=partition_watermark,
                 )
                 aligner = offset["aligner"]
-                pending.add_metric(
-                    [name], sum(len(state["pending"]) for _, state in aligner["partitions"])
-                )
+                pending.add_metric([name], sum(len(row[-1]) for row in aligner["partitions"]))
                 progress_wait.add_metric([name], offset.get("progress_wait_ms", 0) / 1000)
                 values = {**offset.get("counters", {}), **aligner["counters"]}
                 for key, family in counters.items():
@@ -143,12 +141,12 @@ class SourceCollector(Collector):
                 "channels"
             ]
         }
-        for channel, state in offset["aligner"]["partitions"]:
+        for channel, partition_state, *_ in offset["aligner"]["partitions"]:
             topic, _, partition = str(channel).rpartition(":")
             for marker_status in MarkerStatus:
                 partition_status.add_metric(
                     [name, topic, partition, marker_status.value],
-                    float(marker_status.value == state["status"]),
+                    float(marker_status.value == partition_state),
                 )
             partition_watermark.add_metric(
                 [name, topic, partition], float(channel_watermarks.get(channel, 0))
