@@ -33,7 +33,18 @@ EPOCH_CLAIM_KIND = "epoch_claim"
 
 # Kafka topic names: 1-249 characters of [a-zA-Z0-9._-] (no ':' so keys split cleanly).
 TopicName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9._-]{1,249}$")]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# Every integer is one a JVM consumer can parse: a signed 64-bit value.
+INT64_MAX = 2**63 - 1
+NonNegativeInt = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# Kafka partitions are non-negative int32.
+PartitionNumber = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# Epochs leave room for the next one (an emitter takes the highest seen + 1).
+Epoch = Annotated[int, Field(ge=0, le=INT64_MAX - 1)]
+# Wall-clock and event times in ms that a timestamp can hold (years 1 to 9999).
+MIN_TIMESTAMP_MS = -62_135_596_800_000
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+TimestampMs = Annotated[int, Field(ge=MIN_TIMESTAMP_MS, le=MAX_TIMESTAMP_MS)]
+WallClockMs = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_MS)]
 
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -41,6 +52,10 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 class MalformedControlRecord(ValueError):
     """A control record that is not a valid marker or request; the message says why."""
+
+
+class Tombstone(MalformedControlRecord):
+    """A null value: compaction's deletion, not a marker. Skipped, counted apart."""
 
 
 class MarkerStatus(enum.StrEnum):
@@ -61,17 +76,17 @@ class Marker(BaseModel):
 
     v: Literal[1] = 1
     topic: TopicName
-    partition: NonNegativeInt
+    partition: PartitionNumber
     status: MarkerStatus
     # IDLE@X / FINISHED@X: no data after the record before X (applies once the
     # consumer's read position reaches X). ACTIVE@X: new data starts at X.
     offset: NonNegativeInt
     # Newest record timestamp the emitter knows of (ms); display only.
-    watermark_hint: int | None = None
-    emitted_at: NonNegativeInt
+    watermark_hint: TimestampMs | None = None
+    emitted_at: WallClockMs
     emitter_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     # Emitter generation: markers of an older epoch than one seen are ignored.
-    epoch: NonNegativeInt
+    epoch: Epoch
     # Per partition, strictly increasing within an epoch.
     seq: NonNegativeInt
 
@@ -87,8 +102,8 @@ class FinishRequest(BaseModel):
 
     kind: Literal["finish_request"] = "finish_request"
     topic: TopicName
-    partition: NonNegativeInt
-    requested_at: NonNegativeInt
+    partition: PartitionNumber
+    requested_at: WallClockMs
     requested_by: Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
     @property
@@ -108,8 +123,8 @@ class EpochClaim(BaseModel):
 
     kind: Literal["epoch_claim"] = "epoch_claim"
     emitter_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    epoch: NonNegativeInt
-    claimed_at: NonNegativeInt
+    epoch: Epoch
+    claimed_at: WallClockMs
 
     @property
     def key(self) -> str:
@@ -139,7 +154,7 @@ def encode(record: Marker | FinishRequest | EpochClaim) -> tuple[bytes, bytes]:
 def decode(key: bytes | str | None, value: bytes | str | None) -> ControlRecord:
     """Parses one control record; raises MalformedControlRecord saying what is wrong."""
     if value is None:
-        raise MalformedControlRecord("null value (tombstone)")
+        raise Tombstone("null value (tombstone)")
     try:
         document: Any = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -49,7 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import BooleanType, StructField, StructType, TimestampType
 
-from emitter.markers import MalformedControlRecord, Marker, decode
+from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.event_time import MAX_EVENT_TIME_MS, UnreadableEventTime, from_json_field
@@ -69,6 +69,8 @@ MAX_PLANNED_WATERMARK_MS = MAX_EVENT_TIME_MS - WATERMARK_DELAY_MS
 EVENT_TIME = "event_time"
 LATE = "late"
 OFFSET_VERSION = 1
+# Markers for partitions the broker does not list, kept until the partition appears.
+MAX_HELD_MARKERS = 1_000
 
 SCHEMA = StructType(
     [
@@ -292,6 +294,8 @@ class _Plan:
     counters: dict[str, int] = field(default_factory=dict)
     # How long planning waited for the readers' progress (informational, not compared).
     progress_wait_ms: int = 0
+    # Markers (JSON) for partitions the broker does not list yet.
+    held: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SlackwaterStreamReader(DataSourceStreamReader):
@@ -454,6 +458,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         plan.aligner.ensure_partitions(
             channel(t, p) for t, partitions in ends.items() for p in partitions
         )
+        self._release_held(plan)
         planned = plan.aligner.valve.watermark
         offset = _offset(
             plan,
@@ -498,6 +503,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             progress=dict(offset["progress"]),
             aligner=aligner,
             counters=dict(offset.get("counters", {})),
+            held=list(offset.get("held", [])),
         )
 
     def _new_aligner(self) -> MarkerAligner:
@@ -552,6 +558,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         todo = {p: end for p, end in ends.items() if plan.control[p] < end}
         if not todo:
             return
+        malformed: list[str] = []
         if self._control_consumer is None:
             self._control_consumer = self._consumer()
         consumer = self._control_consumer
@@ -576,20 +583,51 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 plan.control[partition] = message.offset() + 1
                 if plan.control[partition] >= ends[partition]:
                     todo.pop(partition, None)
-                try:
-                    record = decode(message.key(), message.value())
-                except MalformedControlRecord as reason:
-                    plan.counters["control_malformed"] = (
-                        plan.counters.get("control_malformed", 0) + 1
-                    )
-                    log.warning(
-                        "skipping malformed control record at %s: %s", message.offset(), reason
-                    )
-                    continue
-                if isinstance(record, Marker):
-                    plan.counters["markers_read"] = plan.counters.get("markers_read", 0) + 1
-                    plan.aligner.offer(record)
+                self._take_control_record(plan, message, malformed)
         consumer.unassign()
+        if malformed:
+            log.warning(
+                "skipped %d malformed control record(s) on %s (first: %s)",
+                len(malformed),
+                topic,
+                malformed[0],
+            )
+
+    def _take_control_record(self, plan: _Plan, message: Any, malformed: list[str]) -> None:
+        try:
+            record = decode(message.key(), message.value())
+        except Tombstone:
+            _count(plan, "control_tombstones")  # compaction's deletion: not malformed
+            return
+        except MalformedControlRecord as reason:
+            _count(plan, "control_malformed")
+            malformed.append(f"{message.offset()}: {reason}")
+            return
+        if isinstance(record, Marker):
+            _count(plan, "markers_read")
+            self._offer(plan, record)
+
+    def _offer(self, plan: _Plan, marker: Marker) -> None:
+        """Channels come from the broker, not from markers: a marker for a partition the
+        broker does not list (yet) is held aside, bounded, until it appears."""
+        channel_id = self._channel_of(marker)
+        if channel_id is None or channel_id in plan.aligner.partitions:
+            plan.aligner.offer(marker)  # (a topic not read here is rejected and counted)
+        elif len(plan.held) < MAX_HELD_MARKERS:
+            plan.held.append(marker.model_dump(mode="json"))
+        else:
+            _count(plan, "markers_held_dropped")
+
+    def _release_held(self, plan: _Plan) -> None:
+        """Held markers whose partition the broker now lists join their channel."""
+        still_held = []
+        for raw in plan.held:
+            marker = Marker.model_validate_json(json.dumps(raw))
+            if self._channel_of(marker) in plan.aligner.partitions:
+                plan.aligner.offer(marker)
+            else:
+                still_held.append(raw)
+        plan.held = still_held
 
     # ---------------------------------------------------------------- progress
 
@@ -709,6 +747,7 @@ def _offset(
         "status": plan.aligner.valve.status.value,
         "counters": dict(plan.counters),
         "progress_wait_ms": plan.progress_wait_ms,
+        "held": list(plan.held),
         "aligner": plan.aligner.snapshot(),
     }
 
@@ -721,7 +760,12 @@ def _same_batch(start: dict[str, Any], offset: dict[str, Any]) -> bool:
         and offset["control"] == start["control"]
         and offset["watermark"] == start["watermark"]
         and offset["aligner"] == start["aligner"]
+        and offset["held"] == start.get("held", [])
     )
+
+
+def _count(plan: _Plan, counter: str, amount: int = 1) -> None:
+    plan.counters[counter] = plan.counters.get(counter, 0) + amount
 
 
 def _ranges(begin: Offsets, end: Offsets) -> list[tuple[str, int, int, int]]:

@@ -83,6 +83,11 @@ class SourceCollector(Collector):
             "Markers waiting for the read position to reach their offset.",
             labels=["query"],
         )
+        held = GaugeMetricFamily(
+            PREFIX + "markers_held",
+            "Markers for partitions the broker does not list, held until they appear.",
+            labels=["query"],
+        )
         progress_wait = GaugeMetricFamily(
             PREFIX + "progress_wait_seconds",
             "How long the last planning waited for the readers' progress.",
@@ -112,6 +117,7 @@ class SourceCollector(Collector):
                 aligner = offset["aligner"]
                 pending.add_metric([name], sum(len(row[-1]) for row in aligner["partitions"]))
                 progress_wait.add_metric([name], offset.get("progress_wait_ms", 0) / 1000)
+                held.add_metric([name], len(offset.get("held", [])))
                 values = {**offset.get("counters", {}), **aligner["counters"]}
                 for key, family in counters.items():
                     family.add_metric([name], float(values.get(key, 0)))
@@ -119,6 +125,7 @@ class SourceCollector(Collector):
                     rejected.add_metric([name, reason], float(count))
         yield from (up, watermark, status, partition_status, partition_watermark, pending)
         yield progress_wait
+        yield held
         yield from counters.values()
         yield rejected
 
@@ -163,6 +170,8 @@ _COUNTERS = {
     "markers_applied": "Markers applied to the valve.",
     "markers_superseded": "IDLE markers contradicted by data at or after their offset.",
     "control_malformed": "Control records skipped as malformed.",
+    "control_tombstones": "Null-valued control records (compaction's deletions), skipped.",
+    "markers_held_dropped": "Markers for unlisted partitions dropped: the held list was full.",
     "records_after_finished": "Records read on a FINISHED partition (a protocol violation).",
     "data_reactivations": "IDLE partitions made ACTIVE again by data (data beats markers).",
 }

@@ -11,12 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emitter.markers import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
     EpochClaim,
     FinishRequest,
     MalformedControlRecord,
     Marker,
     MarkerStatus,
     OtherRecord,
+    Tombstone,
     decode,
     decode_marker,
     encode,
@@ -171,10 +174,10 @@ markers = st.builds(
     partition=st.integers(0, 2**31 - 1),
     status=st.sampled_from(list(MarkerStatus)),
     offset=st.integers(0, 2**63 - 1),
-    watermark_hint=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
-    emitted_at=st.integers(0, 2**63 - 1),
+    watermark_hint=st.one_of(st.none(), st.integers(MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)),
+    emitted_at=st.integers(0, MAX_TIMESTAMP_MS),
     emitter_id=st.text(min_size=1, max_size=50),
-    epoch=st.integers(0, 2**63 - 1),
+    epoch=st.integers(0, 2**63 - 2),
     seq=st.integers(0, 2**63 - 1),
 )
 
@@ -202,3 +205,45 @@ def test_epoch_claim_round_trip_and_shared_key() -> None:
     assert _rejected(b"epoch_claim", value.replace(b'"epoch":7', b'"epoch":-7')).startswith(
         "epoch:"
     )
+
+
+def test_tombstone_is_its_own_kind_of_skip() -> None:
+    with pytest.raises(Tombstone):
+        decode(KEY, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("partition", 2**31),  # beyond int32: no Kafka partition
+        ("offset", 2**63),  # beyond int64: no JVM consumer parses it
+        ("seq", 2**63),
+        ("epoch", 2**63 - 1),  # no room for the next epoch
+        ("emitted_at", 10**23),  # beyond what a timestamp holds
+        ("emitted_at", -1),
+        ("watermark_hint", 2**63),
+        ("watermark_hint", -(2**63)),
+    ],
+)
+def test_rejects_numbers_beyond_what_consumers_and_timestamps_hold(field: str, value: int) -> None:
+    assert _rejected(KEY, _value(**{field: value})).startswith(field)
+
+
+def test_accepts_the_largest_values_that_fit() -> None:
+    marker = decode_marker(
+        KEY,
+        _value(
+            offset=2**63 - 1,
+            seq=2**63 - 1,
+            epoch=2**63 - 2,
+            emitted_at=MAX_TIMESTAMP_MS,
+            watermark_hint=MIN_TIMESTAMP_MS,
+        ),
+    )
+    assert (marker.offset, marker.epoch) == (2**63 - 1, 2**63 - 2)
+
+
+def test_epoch_claim_numbers_are_bounded_too() -> None:
+    value = b'{"kind": "epoch_claim", "emitter_id": "x", "epoch": %d, "claimed_at": 1}' % (10**23)
+    with pytest.raises(MalformedControlRecord, match="epoch"):
+        decode(b"epoch_claim", value)

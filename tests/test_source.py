@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -203,5 +204,44 @@ def test_missing_control_topic_leaves_the_valve_on_data_alone(
         job.settle()
         assert job.source_offset()["watermark"] == BASE_MS + 10_000
         assert job.windows() == {(0, 5): 10, (5, 10): 10}  # [5, 10) ends at the watermark
+    finally:
+        job.stop()
+
+
+def test_marker_for_a_partition_the_broker_does_not_list_neither_stalls_nor_is_lost(
+    spark: SparkSession,
+    broker: KafkaBroker,
+    admin: AdminClient,
+    new_topic: TopicFactory,
+    tmp_path: Path,
+) -> None:
+    topic, control, write = _setup(broker, new_topic, 2)
+    for partition in range(2):
+        write.data(partition, *range(0, 12))
+    write.marker(3, FINISHED, offset=0)  # partition 3 does not exist (yet)
+    write.raw_control(f"{topic}:0".encode(), None)  # a tombstone: skipped, counted apart
+    job = window_job(spark, events(spark, broker.bootstrap_servers, [topic], control), tmp_path)
+    try:
+        job.settle()
+        offset = job.source_offset()
+        # No channel for partition 3: the valve is the min of the two real ones.
+        assert offset["watermark"] == BASE_MS + 10_000
+        assert [row[0] for row in offset["aligner"]["partitions"]] == [f"{topic}:0", f"{topic}:1"]
+        assert len(offset["held"]) == 1
+        assert offset["counters"]["control_tombstones"] == 1
+        assert "control_malformed" not in offset["counters"]
+        assert job.windows() == {(0, 5): 10, (5, 10): 10}
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        write = Writer(broker.bootstrap_servers, topic, control)  # knows the new partitions
+        write.data(2, *range(12, 30))
+        for partition in range(2):
+            write.data(partition, *range(12, 30))
+        job.settle()
+        offset = job.source_offset()
+        # Partition 3 appeared: its held FINISHED joined it; the valve ignores it.
+        assert offset["held"] == []
+        statuses = {row[0]: row[1] for row in offset["aligner"]["partitions"]}
+        assert statuses[f"{topic}:3"] == "FINISHED"
+        assert offset["watermark"] == BASE_MS + 28_000
     finally:
         job.stop()
