@@ -349,7 +349,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def _list_offsets(
         self, partitions: list[tuple[str, int]], spec_name: str
     ) -> dict[tuple[str, int], int]:
-        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         if not partitions:
@@ -365,12 +365,25 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             isolation_level=isolation,
             request_timeout=self.options.request_timeout_s,
         )
-        return {
-            (tp.topic, tp.partition): int(
-                future.result(timeout=self.options.request_timeout_s).offset
-            )
-            for tp, future in futures.items()
-        }
+        offsets: dict[tuple[str, int], int] = {}
+        not_ready: list[str] = []
+        for tp, future in futures.items():
+            try:
+                result = future.result(timeout=self.options.request_timeout_s)
+            except KafkaException as error:
+                kafka_error = error.args[0]
+                if not kafka_error.retriable():
+                    raise SourceError(
+                        f"{spec_name} offset of {tp.topic}[{tp.partition}]: {kafka_error}"
+                    ) from error
+                # A partition just created, or moving leader: it has no offset for us
+                # yet. Left out of this plan, so it stands still until the next trigger.
+                not_ready.append(f"{tp.topic}[{tp.partition}] ({kafka_error.name()})")
+                continue
+            offsets[(tp.topic, tp.partition)] = int(result.offset)
+        if not_ready:
+            log.info("offsets not ready, retried next trigger: %s", ", ".join(not_ready[:5]))
+        return offsets
 
     def _ensure_progress_topic(self) -> None:
         from confluent_kafka import KafkaError, KafkaException

@@ -180,7 +180,7 @@ def _feed(
             if isinstance(valve, StatusWatermarkValve)
             else valve.channels[cid].watermark
         )
-        return valve.input_watermark(cid, max(current, 0) + value)
+        return valve.input_watermark(cid, min(MAX_WATERMARK, max(current, 0) + value))
     if kind == "w":
         assert isinstance(value, int)
         return valve.input_watermark(cid, value)
