@@ -19,7 +19,6 @@ import statistics
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
