@@ -22,7 +22,7 @@ from emitter.control_topic import (
     last_marker_per_partition,
 )
 from emitter.lifecycle import stop_on_signals
-from emitter.markers import FinishRequest, MarkerStatus
+from emitter.markers import EpochClaim, FinishRequest, Marker, MarkerStatus
 from emitter.settings import ConfigError, config_from_args, parse_key_values
 
 EXIT_CONFIG = 2
@@ -204,8 +204,20 @@ def run_status(args: argparse.Namespace) -> int:
                 "finish_pending": True,
             }
         )
+    # Who wrote markers and epoch claims: a writer that should not be there stands out.
+    emitters: dict[str, set[int]] = {}
+    for record in read.records:
+        if isinstance(record, Marker | EpochClaim):
+            emitters.setdefault(record.emitter_id, set()).add(record.epoch)
     if args.json:
-        print(json.dumps({"partitions": rows, "malformed_records": read.malformed}, indent=2))
+        document = {
+            "partitions": rows,
+            "malformed_records": read.malformed,
+            "tombstones": read.tombstones,
+            "skipped": dict(sorted(read.skipped.items())),
+            "emitters": {emitter: sorted(epochs) for emitter, epochs in sorted(emitters.items())},
+        }
+        print(json.dumps(document, indent=2))
         return 0
     if not rows:
         print(f"no markers on {args.control_topic}")
@@ -216,6 +228,10 @@ def run_status(args: argparse.Namespace) -> int:
             f"offset={row['offset']} since={row['since']} emitter={row['emitter_id']} "
             f"epoch={row['epoch']}{note}"
         )
-    if read.malformed:
-        print(f"({read.malformed} malformed control records skipped)")
+    for emitter, epochs in sorted(emitters.items()):
+        shown = ", ".join(str(epoch) for epoch in sorted(epochs)[-5:])
+        print(f"emitter {emitter}: epochs {shown}")
+    if read.skipped:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(read.skipped.items()))
+        print(f"skipped {sum(read.skipped.values())} control records ({reasons})")
     return 0

@@ -20,8 +20,10 @@ from emitter.markers import (
     MalformedControlRecord,
     Marker,
     MarkerStatus,
+    Tombstone,
     decode,
     encode,
+    skip_reason,
 )
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,10 @@ class ReadBack:
 
     records: list[ControlRecord] = field(default_factory=list)
     malformed: int = 0
+    # Null values: compaction's deletions, skipped and counted apart from malformed ones.
+    tombstones: int = 0
+    # Skipped records by reason (skip_reason), tombstones included.
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 class ControlTopicReader:
@@ -163,9 +169,17 @@ class ControlTopicReader:
             return
         try:
             read.records.append(decode(message.key(), message.value()))
+        except Tombstone as tombstone:
+            read.tombstones += 1
+            read.skipped["tombstone"] = read.skipped.get("tombstone", 0) + 1
+            log.debug("skipping tombstone at %s: %s", message.offset(), tombstone)
         except MalformedControlRecord as malformed:
             read.malformed += 1
-            log.warning(
+            reason = skip_reason(malformed)
+            read.skipped[reason] = read.skipped.get(reason, 0) + 1
+            # One line per malformed record only while they are few: a polluted topic
+            # must not flood the log (the counts are in metrics and `status`).
+            (log.warning if read.malformed <= 10 else log.debug)(
                 "skipping malformed control record at %s[%s]@%s: %s",
                 message.topic(),
                 message.partition(),

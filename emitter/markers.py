@@ -185,6 +185,25 @@ def decode(key: bytes | str | None, value: bytes | str | None) -> ControlRecord:
     return marker
 
 
+def skip_reason(error: MalformedControlRecord) -> str:
+    """A short, stable class of why a record was skipped, for counts by reason."""
+    text = str(error)
+    if isinstance(error, Tombstone):
+        return "tombstone"
+    for prefix, reason in (
+        ("value is not JSON", "not JSON"),
+        ("value is a JSON", "not a JSON object"),
+        ("key ", "key does not match value"),
+        ("v: ", "unknown version"),
+        ("status: unknown", "unknown status"),
+        ("kind: ", "invalid kind"),
+        ("not a marker", "not a marker"),
+    ):
+        if text.startswith(prefix):
+            return reason
+    return f"invalid {text.split(':', 1)[0]}"
+
+
 def decode_marker(key: bytes | str | None, value: bytes | str | None) -> Marker:
     """Like decode(), but anything other than a marker is malformed."""
     record = decode(key, value)

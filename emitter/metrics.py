@@ -101,6 +101,11 @@ class EmitterMetrics:
             "Control-topic records skipped because they are not valid markers or requests.",
             registry=r,
         )
+        self.control_records_tombstones = Counter(
+            PREFIX + "control_records_tombstones",
+            "Null-valued control records (compaction's deletions) skipped, not malformed.",
+            registry=r,
+        )
         self.finish_requests = Counter(
             PREFIX + "finish_requests", "Finish requests read from the control topic.", registry=r
         )

@@ -130,6 +130,7 @@ class Emitter:
             self._reader, self._writer, self.epoch = reader, writer, epoch
             read_back.records += meanwhile.records
             read_back.malformed += meanwhile.malformed
+            read_back.tombstones += meanwhile.tombstones
             self._restore(read_back)
             return True
         return False
@@ -143,6 +144,7 @@ class Emitter:
                 if isinstance(record, FinishRequest):
                     self.detector.request_finish(record.topic, record.partition)
         self.metrics.control_records_malformed.inc(read_back.malformed)
+        self.metrics.control_records_tombstones.inc(read_back.tombstones)
         self.metrics.epoch.set(self.epoch or 0)
         self.metrics.info.info(
             {
@@ -197,6 +199,7 @@ class Emitter:
 
     def _follow_control_topic(self, read: ReadBack) -> None:
         self.metrics.control_records_malformed.inc(read.malformed)
+        self.metrics.control_records_tombstones.inc(read.tombstones)
         for record in read.records:
             if isinstance(record, FinishRequest):
                 self.metrics.finish_requests.inc()

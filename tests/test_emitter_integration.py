@@ -388,3 +388,50 @@ def test_emit_command_serves_metrics_and_exits_0_on_sigterm(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    import json
+
+    from emitter.markers import Marker, encode
+
+    control = new_topic(partitions=1, prefix="ctl")
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+    good = Marker(
+        topic="orders", partition=0, status=IDLE, offset=7, emitted_at=1, emitter_id="e1",
+        epoch=3, seq=0,
+    )  # fmt: skip
+    huge = json.loads(encode(good)[1])
+    huge["emitted_at"] = 10**23  # once an OverflowError in status
+    for key, value in [
+        encode(good),
+        (b"orders:0", None),  # a tombstone
+        (b"orders:0", b"not json"),
+        (b"orders:0", json.dumps(huge).encode()),
+        (b"orders:9", encode(good)[1]),  # the key does not match the value
+    ]:
+        producer.produce(control, key=key, value=value)
+    assert producer.flush(10) == 0
+    status = subprocess.run(
+        [
+            sys.executable, "-m", "emitter.cli", "status", "--json",
+            "--bootstrap-servers", broker.bootstrap_servers, "--control-topic", control,
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert [(r["partition"], r["status"], r["offset"]) for r in document["partitions"]] == [
+        (0, "IDLE", 7)
+    ]
+    assert document["skipped"] == {
+        "invalid emitted_at": 1,
+        "key does not match value": 1,
+        "not JSON": 1,
+        "tombstone": 1,
+    }
+    assert (document["malformed_records"], document["tombstones"]) == (3, 1)
+    assert document["emitters"] == {"e1": [3]}
+    assert "Traceback" not in status.stderr
