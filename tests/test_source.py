@@ -3,14 +3,24 @@ Spark's own window aggregation on the valve's watermark."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
 from emitter.kafka_broker import KafkaBroker, free_port
 from emitter.markers import MarkerStatus
+from spark_consumer.source import (
+    SlackwaterKafkaSource,
+    SlackwaterStreamReader,
+    SourceError,
+    SourceOptions,
+    with_valve_watermark,
+)
 from spark_consumer.source_metrics import serve_source_metrics
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import BASE_MS, Writer
@@ -245,3 +255,60 @@ def test_marker_for_a_partition_the_broker_does_not_list_neither_stalls_nor_is_l
         assert offset["watermark"] == BASE_MS + 28_000
     finally:
         job.stop()
+
+
+def test_subscribe_pattern_and_max_offsets_per_trigger(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    prefix = f"pat{uuid.uuid4().hex[:6]}"
+    first, second = new_topic(partitions=1, prefix=prefix), new_topic(partitions=1, prefix=prefix)
+    control = new_topic(partitions=1, prefix="ctl")
+    for topic in (first, second):
+        Writer(broker.bootstrap_servers, topic, control).data(0, *range(0, 20))
+    spark.dataSource.register(SlackwaterKafkaSource)
+    frame = (
+        spark.readStream.format("slackwater-kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+        .option("subscribePattern", f"{prefix}-.*")
+        .option("controlTopic", control)
+        .option("maxOutOfOrderness", "1s")
+        .option("maxOffsetsPerTrigger", "10")
+        .load()
+    )
+    job = window_job(spark, with_valve_watermark(frame), tmp_path)
+    try:
+        job.settle()
+        offset = job.source_offset()
+        assert sorted(offset["data"]) == sorted([first, second])
+        assert offset["watermark"] == BASE_MS + 18_000
+        # At most 10 records per batch (plus the synthetic row), and nothing lost.
+        rows_per_batch = [p["numInputRows"] for p in job.query.recentProgress]
+        assert max(rows_per_batch) <= 11 and offset["counters"]["records"] == 40
+        assert job.windows() == {(0, 5): 10, (5, 10): 10, (10, 15): 10}
+    finally:
+        job.stop()
+
+
+def test_progress_that_never_comes_is_one_clear_error(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    """The planner on its own, against the broker: a range of the last batch whose
+    readers never reported fails after the timeout, naming the range."""
+    topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
+    options = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap_servers,
+            "subscribe": topic,
+            "controlTopic": control,
+            "progressTimeoutMs": "1500",
+        }
+    )
+    reader = SlackwaterStreamReader(options)
+    try:
+        start = reader.initialOffset()
+        # As if a batch had read [0, 5) of partition 0 but no reader reported it.
+        start = {**start, "from": {topic: {"0": 0}}, "data": {topic: {"0": 5}}}
+        with pytest.raises(SourceError, match=rf"no progress after 2s .*{topic}:0:0-5"):
+            reader.latestOffset(start, ReadAllAvailable())
+    finally:
+        reader.stop()
