@@ -137,11 +137,18 @@ class Emitter:
 
     def _restore(self, read_back: ReadBack) -> None:
         """Continues every partition from its last marker; honours pending finish requests."""
-        latest = last_marker_per_partition(read_back.records)
+        # Partitions come from the broker and the watched topics, not from markers: a
+        # marker for a topic this emitter does not watch is left to whoever watches it.
+        watched = set(self.config.topics)
+        latest = {
+            key: marker
+            for key, marker in last_marker_per_partition(read_back.records).items()
+            if key[0] in watched
+        }
         with self._lock:
             self.detector.restore(latest.values())
             for record in read_back.records:
-                if isinstance(record, FinishRequest):
+                if isinstance(record, FinishRequest) and record.topic in watched:
                     self.detector.request_finish(record.topic, record.partition)
         self.metrics.control_records_malformed.inc(read_back.malformed)
         self.metrics.control_records_tombstones.inc(read_back.tombstones)

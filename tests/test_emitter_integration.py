@@ -435,3 +435,23 @@ def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
     assert (document["malformed_records"], document["tombstones"]) == (3, 1)
     assert document["emitters"] == {"e1": [3]}
     assert "Traceback" not in status.stderr
+
+
+def test_markers_for_topics_not_watched_do_not_become_partitions(
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    from emitter.markers import Marker, encode
+
+    topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
+    forged = Marker(
+        topic="someone-elses", partition=3, status=FINISHED, offset=0, emitted_at=1,
+        emitter_id="forger", epoch=1, seq=0,
+    )  # fmt: skip
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+    key, value = encode(forged)
+    producer.produce(control, key=key, value=value)
+    assert producer.flush(10) == 0
+    running = emitters(topics=[topic], control_topic=control)
+    wait_until(lambda: _markers_of(broker.bootstrap_servers, control, 0), DEADLINE_S, "IDLE")
+    assert [(p["topic"], p["partition"]) for p in running.status()["partitions"]] == [(topic, 0)]
+    assert running.metric("slackwater_emitter_watched_partitions") == 1
