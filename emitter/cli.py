@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from emitter.cli_types import directory, duration, port, topic_name
 from emitter.commands import (
     add_control_arguments,
     add_emit_arguments,
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "broker", help="run Apache Kafka (one KRaft node) on a loopback port in the foreground"
     )
     broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
+    broker.add_argument("--port", type=port, default=9092, help="listen port (default 9092)")
     broker.add_argument(
         "--log-dir",
         metavar="DIR",
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "finish", help="declare a partition finished for ever (the emitter publishes FINISHED)"
     )
     add_control_arguments(finish)
-    finish.add_argument("--topic", required=True)
+    finish.add_argument("--topic", required=True, type=topic_name)
     finish.add_argument("--partition", type=int, required=True)
     finish.set_defaults(run=run_finish)
 
@@ -159,8 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="the main job on a local Apache Kafka: producer, emitter, Spark consumer"
     )
-    demo.add_argument("--duration", default="90s", help="how long to produce (default 90s)")
-    demo.add_argument("--output", metavar="DIR", help="where windows go (default: a temp dir)")
+    demo.add_argument(
+        "--duration", type=duration, default="90s", help="how long to produce (default 90s)"
+    )
+    demo.add_argument(
+        "--output", type=directory, metavar="DIR", help="where windows go (default: a temp dir)"
+    )
     demo.add_argument(
         "--compare",
         action="store_true",
@@ -172,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo-producer", help="the demo's scripted producer against any Kafka (Docker Compose)"
     )
     producer.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    producer.add_argument("--topic", default="demo-events")
-    producer.add_argument("--control-topic", default="demo-control")
-    producer.add_argument("--duration", default="10m")
+    producer.add_argument("--topic", type=topic_name, default="demo-events")
+    producer.add_argument("--control-topic", type=topic_name, default="demo-control")
+    producer.add_argument("--duration", type=duration, default="10m")
     producer.set_defaults(run=_run_demo_producer)
     return parser
 

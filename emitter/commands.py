@@ -14,6 +14,14 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from emitter.cli_types import (
+    duration,
+    ensure_port_free,
+    log_level,
+    port,
+    positive_seconds,
+    topic_name,
+)
 from emitter.config import EmitterConfig
 from emitter.control_topic import (
     ControlTopicError,
@@ -35,26 +43,29 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
         "--topic",
         dest="topics",
         action="append",
+        type=topic_name,
         metavar="T",
         help="a data topic to watch (repeat for more)",
     )
-    parser.add_argument("--control-topic", metavar="C")
+    parser.add_argument("--control-topic", type=topic_name, metavar="C")
     parser.add_argument("--group", metavar="G", help="consumer group whose lag to watch")
     parser.add_argument(
         "--idle-timeout",
         dest="idle_timeout_ms",
+        type=duration,
         metavar="30s",
         help="log end still this long -> IDLE (default 30s)",
     )
-    parser.add_argument("--poll-interval", dest="poll_interval_ms", metavar="1s")
+    parser.add_argument("--poll-interval", dest="poll_interval_ms", type=duration, metavar="1s")
     parser.add_argument(
         "--metadata-interval",
         dest="metadata_interval_ms",
+        type=duration,
         metavar="10s",
         help="how often to re-read topic metadata (default 10s)",
     )
     parser.add_argument("--metrics-host")
-    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--metrics-port", type=port)
     parser.add_argument(
         "--kafka-config",
         action="append",
@@ -62,14 +73,14 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
         help="librdkafka setting, e.g. security.protocol=SASL_SSL (repeat)",
     )
     parser.add_argument("--emitter-id", help="identity in markers (default host-random)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO")
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("--control-topic", required=True, metavar="C")
+    parser.add_argument("--control-topic", required=True, type=topic_name, metavar="C")
     parser.add_argument("--kafka-config", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument("--timeout", type=positive_seconds, default=10.0, metavar="SECONDS")
 
 
 def run_emit(args: argparse.Namespace) -> int:
@@ -80,6 +91,11 @@ def run_emit(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"slackwater emit: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if config.metrics_port:
+        problem = ensure_port_free(config.metrics_host, config.metrics_port)
+        if problem is not None:
+            print(f"slackwater emit: metrics port: {problem}", file=sys.stderr)
+            return 1
     stop = stop_on_signals("emitter")
     try:
         emitter = Emitter(config)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from emitter.cli_types import directory, duration, ensure_port_free, log_level, port, topic_name
 from emitter.lifecycle import stop_on_signals
 from emitter.settings import ConfigError, config_from_args
 
@@ -15,10 +16,10 @@ EXIT_CONFIG = 2
 def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="settings file (YAML)")
     parser.add_argument("--bootstrap-servers", metavar="HOST:PORT")
-    parser.add_argument("--topic", metavar="T")
-    parser.add_argument("--control-topic", metavar="C")
-    parser.add_argument("--window", dest="window_ms", metavar="10s")
-    parser.add_argument("--slide", dest="slide_ms", metavar="10s")
+    parser.add_argument("--topic", type=topic_name, metavar="T")
+    parser.add_argument("--control-topic", type=topic_name, metavar="C")
+    parser.add_argument("--window", dest="window_ms", type=duration, metavar="10s")
+    parser.add_argument("--slide", dest="slide_ms", type=duration, metavar="10s")
     parser.add_argument("--max-out-of-orderness", dest="max_out_of_orderness_ms", metavar="2s")
     parser.add_argument(
         "--event-time-field",
@@ -26,19 +27,19 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON field with epoch ms or ISO 8601 (default: Kafka timestamp)",
     )
     parser.add_argument("--key-field", metavar="F", help="JSON field (default: Kafka key)")
-    parser.add_argument("--output", metavar="DIR")
+    parser.add_argument("--output", type=directory, metavar="DIR")
     parser.add_argument("--output-format", choices=["json", "parquet"])
-    parser.add_argument("--late-output", metavar="DIR")
-    parser.add_argument("--checkpoint", metavar="DIR")
-    parser.add_argument("--trigger", dest="trigger_ms", metavar="1s")
+    parser.add_argument("--late-output", type=directory, metavar="DIR")
+    parser.add_argument("--checkpoint", type=directory, metavar="DIR")
+    parser.add_argument("--trigger", dest="trigger_ms", type=duration, metavar="1s")
     parser.add_argument("--starting-offsets", choices=["earliest", "latest"])
     parser.add_argument(
         "--consumer-idle-timeout", dest="consumer_idle_timeout_ms", metavar="off|30s"
     )
     parser.add_argument("--metrics-host")
-    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--metrics-port", type=port)
     parser.add_argument("--kafka-config", action="append", metavar="KEY=VALUE")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO")
 
 
 def run_consume(args: argparse.Namespace) -> int:
@@ -64,6 +65,10 @@ def run_consume(args: argparse.Namespace) -> int:
     metrics = ConsumerMetrics()
     server = None
     if config.metrics_port is not None:
+        problem = ensure_port_free(config.metrics_host, config.metrics_port)
+        if problem is not None:
+            print(f"slackwater consume: metrics port: {problem}", file=sys.stderr)
+            return 1
         server = MetricsServer(
             config.metrics_host, config.metrics_port, metrics.registry, {}
         ).start()

@@ -7,13 +7,15 @@ Every test that uses the broker (or Spark, which uses it) is marked ``integratio
 from __future__ import annotations
 
 import gc
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from emitter.kafka_broker import KafkaBroker
 
@@ -61,7 +63,12 @@ TopicFactory = Callable[..., str]
 
 @pytest.fixture
 def new_topic(admin: AdminClient) -> TopicFactory:
-    """Creates a topic with a fresh uuid name and returns the name."""
+    """Creates a topic with a fresh uuid name and returns the name once it is usable.
+
+    CreateTopics answers when the controller has the topic; the broker serves it a moment
+    later (metadata without it, or partitions without a leader). Tests that read offsets
+    at once wait here for every partition's leader, not in product code.
+    """
 
     def create(partitions: int = 1, prefix: str = "t", **config: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
@@ -69,9 +76,33 @@ def new_topic(admin: AdminClient) -> TopicFactory:
             [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)]
         )
         futures[name].result(10)
-        return name
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            described = admin.list_topics(name, timeout=10).topics.get(name)
+            if (
+                described is not None
+                and described.error is None
+                and len(described.partitions) == partitions
+                and all(p.leader >= 0 for p in described.partitions.values())
+                and _offsets_served(admin, name, partitions)
+            ):
+                return name
+            time.sleep(0.05)
+        raise AssertionError(f"topic {name} has no leader for every partition after 30 s")
 
     return create
+
+
+def _offsets_served(admin: AdminClient, topic: str, partitions: int) -> bool:
+    """Every partition's leader answers ListOffsets (NOT_LEADER for a moment after creation)."""
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    futures = admin.list_offsets({TopicPartition(topic, p): latest for p in range(partitions)})
+    try:
+        for future in futures.values():
+            future.result(timeout=10)
+    except KafkaException:
+        return False
+    return True
 
 
 EmitterFactory = Callable[..., "RunningEmitter"]

@@ -1,0 +1,93 @@
+"""Every bad flag of every subcommand: one line naming the flag, a non-zero exit, and no
+traceback (issue 13). Nothing here needs a broker: the flags fail before any connects."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+NOWHERE = "127.0.0.1:1"  # nothing listens: a flag check must not get that far
+CONTROL = ["--bootstrap-servers", NOWHERE, "--control-topic", "c"]
+EMIT = ["emit", "--bootstrap-servers", NOWHERE, "--topic", "t", "--control-topic", "c"]
+CONSUME = ["consume", "--bootstrap-servers", NOWHERE, "--topic", "t", "--control-topic", "c"]
+
+CASES = [
+    (["broker", "--port", "70000"], "--port", "70000 is not a port"),
+    (["broker", "--port", "http"], "--port", "not a port number"),
+    ([*EMIT, "--log-level", "bogus"], "--log-level", "unknown log level 'bogus'"),
+    ([*EMIT, "--metrics-port", "0"], "--metrics-port", "0 is not a port"),
+    ([*EMIT, "--idle-timeout=-5s"], "--idle-timeout", "not a duration"),
+    ([*EMIT, "--poll-interval", "0ms"], "--poll-interval", "longer than zero"),
+    ([*EMIT, "--topic", "bad topic!"], "--topic", "not a Kafka topic name"),
+    (["finish", *CONTROL, "--topic", "t", "--partition", "0", "--timeout", "-1"], "--timeout",
+     "positive number of seconds"),
+    (["finish", *CONTROL, "--topic", "t/x", "--partition", "0"], "--topic", "not a Kafka"),
+    (["status", *CONTROL, "--timeout", "nan"], "--timeout", "positive number of seconds"),
+    (["status", "--bootstrap-servers", NOWHERE, "--control-topic", ".."], "--control-topic",
+     "not a Kafka topic name"),
+    ([*CONSUME, "--window", "0s"], "--window", "longer than zero"),
+    ([*CONSUME, "--trigger", "soon"], "--trigger", "not a duration"),
+    ([*CONSUME, "--log-level", "loud"], "--log-level", "unknown log level"),
+    ([*CONSUME, "--metrics-port", "99999"], "--metrics-port", "not a port"),
+    (["demo", "--duration", "abc"], "--duration", "not a duration"),
+    (["demo-producer", "--bootstrap-servers", NOWHERE, "--duration", "abc"], "--duration",
+     "not a duration"),
+    (["demo-producer", "--bootstrap-servers", NOWHERE, "--topic", "a b"], "--topic",
+     "not a Kafka topic name"),
+]  # fmt: skip
+
+
+def _run(arguments: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "emitter.cli", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(("arguments", "flag", "message"), CASES, ids=lambda v: str(v)[:40])
+def test_bad_flag_is_one_line_naming_it(arguments: list[str], flag: str, message: str) -> None:
+    result = _run(arguments)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"argument {flag}" in last and message in last, last
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def file_path(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a directory")
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--output", "--checkpoint", "--late-output"])
+def test_consume_path_that_is_a_file_is_one_line(flag: str, file_path: Path) -> None:
+    result = _run([*CONSUME, flag, str(file_path)])
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"argument {flag}" in last and "is a file, not a directory" in last
+    assert "Traceback" not in result.stderr and "java" not in result.stderr.lower()
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_emit_with_its_metrics_port_in_use_names_the_port(taken_port: int) -> None:
+    result = _run([*EMIT, "--metrics-host", "127.0.0.1", "--metrics-port", str(taken_port)])
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert f"127.0.0.1:{taken_port}" in result.stderr and "metrics port" in result.stderr
+    assert "Traceback" not in result.stderr
