@@ -109,7 +109,7 @@ def _emit(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_bad_config_exits_2_with_one_line_naming_the_field() -> None:
+def test_cli_bad_flag_exits_2_with_one_line_naming_it() -> None:
     result = _emit(
         "--bootstrap-servers",
         "localhost:9092",
@@ -120,6 +120,18 @@ def test_cli_bad_config_exits_2_with_one_line_naming_the_field() -> None:
         "--idle-timeout",
         "soon",
     )
+    assert result.returncode == 2
+    # argparse's convention: the usage, then one line naming the flag and the problem.
+    last = result.stderr.strip().splitlines()[-1]
+    assert "argument --idle-timeout: not a duration" in last
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_bad_yaml_value_exits_2_with_one_line_naming_the_field(tmp_path: Path) -> None:
+    settings = tmp_path / "emitter.yaml"
+    settings.write_text("bootstrap_servers: localhost:9092\ntopics: [orders]\n"
+                        "control_topic: ctl\nidle_timeout_ms: soon\n")  # fmt: skip
+    result = _emit("--config", str(settings))
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "invalid config field 'idle_timeout_ms'" in result.stderr

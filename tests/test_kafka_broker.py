@@ -132,7 +132,7 @@ def test_cli_broker_with_log_dir_keeps_topics_for_the_next_start(tmp_path: Path)
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
-    [(["--port", "70000"], "invalid port 70000"), (["--port", "0"], "invalid port 0")],
+    [(["--port", "70000"], "70000 is not a port"), (["--port", "0"], "0 is not a port")],
 )
 def test_cli_broker_rejects_a_bad_port_in_one_line(arguments: list[str], message: str) -> None:
     result = subprocess.run(
@@ -143,7 +143,14 @@ def test_cli_broker_rejects_a_bad_port_in_one_line(arguments: list[str], message
         check=False,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "argument --port" in last and message in last
+    assert "Traceback" not in result.stderr
+
+
+def test_broker_rejects_a_bad_port_given_in_code() -> None:
+    with pytest.raises(BrokerError, match="invalid port 70000"):
+        KafkaBroker(port=70000)
 
 
 def test_missing_jars_fail_with_one_clear_line(
