@@ -438,7 +438,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
-        if self._nothing_new_since(start):
+        now = self._look()
+        if _nothing_new_since(start, now):
             return start  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 1. The previous batch's progress advances the channels' watermarks; its end
@@ -458,16 +459,14 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                     read_position=read_position,
                 )
         for seen in progress.values():
-            plan.counters["records"] = plan.counters.get("records", 0) + seen.records
-            plan.counters["records_late"] = plan.counters.get("records_late", 0) + seen.late
-            plan.counters["records_unreadable"] = (
-                plan.counters.get("records_unreadable", 0) + seen.unreadable
-            )
+            _count(plan, "records", seen.records)
+            _count(plan, "records_late", seen.late)
+            _count(plan, "records_unreadable", seen.unreadable)
         # 2. New markers are read, 3. and applied once the read position reaches them.
-        self._read_markers(plan)
+        self._read_markers(plan, now.control_ends)
         plan.aligner.advance(batch)
         # 4. The data to read next; partitions that appeared join as new channels.
-        ends = self._data_ends(plan, limit)
+        ends = self._data_ends(plan, limit, now)
         plan.aligner.ensure_partitions(
             channel(t, p) for t, partitions in ends.items() for p in partitions
         )
@@ -486,20 +485,23 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._cached = (offset["plan_id"], plan.aligner)
         return offset
 
-    def _nothing_new_since(self, start: dict[str, Any]) -> bool:
-        """No range to account for, no new record on the data or control topics, no new
-        partition: planning would return ``start``. Kafka requests only."""
-        if start["from"] != start["data"]:
-            return False
-        known = start["data"]
-        counts = self._partition_counts()
-        if counts.keys() != known.keys() or any(len(known[t]) != n for t, n in counts.items()):
-            return False
-        latest = self._list_offsets([(t, p) for t, n in counts.items() for p in range(n)], "latest")
-        if any(end > known[t][str(p)] for (t, p), end in latest.items()):
-            return False
+    def _look(self) -> _BrokerNow:
+        """One metadata request and one ListOffsets round for the whole plan: the
+        subscribed topics' partitions and log ends, and the control topic's ends."""
+        metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
+        counts = {
+            name: len(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None and self.options.subscribes(name)
+        }
+        wanted = [(t, p) for t, count in counts.items() for p in range(count)]
         control = self.options.control_topic
-        return control is None or self._topic_ends(control).items() <= start["control"].items()
+        described = metadata.topics.get(control) if control is not None else None
+        if described is not None and described.error is None:
+            wanted += [(control, p) for p in described.partitions]
+        latest = self._list_offsets(wanted, "latest")
+        control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
+        return _BrokerNow(counts, latest, control_ends)
 
     def _restore(self, offset: dict[str, Any]) -> _Plan:
         if offset.get("v") != OFFSET_VERSION:
@@ -531,10 +533,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             else None
         )
 
-    def _data_ends(self, plan: _Plan, limit: ReadLimit) -> Offsets:
-        counts = self._partition_counts()
-        known = [(t, p) for t, count in counts.items() for p in range(count)]
-        latest = self._list_offsets(known, "latest")
+    def _data_ends(self, plan: _Plan, limit: ReadLimit, now: _BrokerNow) -> Offsets:
+        latest = now.latest
+        known = [(t, p) for t, count in now.counts.items() for p in range(count)]
         new = [(t, p) for t, p in known if str(p) not in plan.data.get(t, {})]
         earliest = self._list_offsets(new, "earliest")
         for (topic, number), offset in earliest.items():
@@ -551,13 +552,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     # ---------------------------------------------------------------- control topic
 
-    def _read_markers(self, plan: _Plan) -> None:
+    def _read_markers(self, plan: _Plan, ends: dict[str, int]) -> None:
+        """Reads the control topic from the plan's position up to ``ends``."""
         from confluent_kafka import KafkaError, TopicPartition
 
         topic = self.options.control_topic
         if topic is None:
             return
-        ends = self._topic_ends(topic)
         if not ends:
             if not self._warned_missing_control:
                 log.warning(
@@ -763,6 +764,32 @@ def _offset(
         "held": list(plan.held),
         "aligner": plan.aligner.snapshot(),
     }
+
+
+@dataclass(frozen=True)
+class _BrokerNow:
+    """What one plan saw of the broker (``SlackwaterStreamReader._look``)."""
+
+    counts: dict[str, int]  # partitions per subscribed topic
+    latest: dict[tuple[str, int], int]  # log ends (last stable offsets if read_committed)
+    control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
+
+
+def _nothing_new_since(start: dict[str, Any], now: _BrokerNow) -> bool:
+    """No range to account for, no new record on the data or control topics, no new
+    partition: planning would return ``start``."""
+    if start["from"] != start["data"]:
+        return False
+    known = start["data"]
+    if now.counts.keys() != known.keys() or any(len(known[t]) != n for t, n in now.counts.items()):
+        return False
+    if any(
+        now.latest.get((t, p), -1) > known[t][str(p)]
+        for t, n in now.counts.items()
+        for p in range(n)
+    ):
+        return False
+    return bool(now.control_ends.items() <= start["control"].items())
 
 
 def _same_batch(start: dict[str, Any], offset: dict[str, Any]) -> bool:
