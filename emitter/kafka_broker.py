@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from emitter.cli_types import ensure_port_free
 from emitter.jars import KAFKA_BROKER, MissingJarsError, jar_files
 
 _PR_SET_PDEATHSIG = 1
@@ -73,12 +74,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            raise BrokerError(f"cannot listen on {host}:{port}: port in use ({error})") from None
+    problem = ensure_port_free(host, port)
+    if problem is not None:
+        raise BrokerError(f"port in use: {problem}")
 
 
 def _die_with_parent() -> None:

@@ -139,11 +139,8 @@ class StatusWatermarkValve:
         # A new channel is aligned only if its watermark >= the output watermark.
         if channel.watermark >= self._output_watermark:
             self._mark_aligned(channel)
-        emitted: list[Emitted] = []
-        if self._output_status is WatermarkStatus.IDLE:
-            self._output_status = WatermarkStatus.ACTIVE
-            emitted.append(WatermarkStatus.ACTIVE)
-        return emitted + self._rederive_min()
+        # As rule 3: ACTIVE first if the output was IDLE, then re-derive the min.
+        return self._active_output_then_min()
 
     def input_watermark(self, channel_id: Hashable, timestamp: int) -> list[Emitted]:
         """Rule 1: a watermark from one channel."""
@@ -206,15 +203,11 @@ class StatusWatermarkValve:
         # ... aligned only if its watermark >= the output watermark ...
         if channel.watermark >= self._output_watermark:
             self._mark_aligned(channel)
-        emitted: list[Emitted] = []
         # ... if the output was IDLE, ACTIVE is emitted first (downstream must not
-        # drop the watermark that follows while it still sees IDLE) ...
-        if self._output_status is WatermarkStatus.IDLE:
-            self._output_status = WatermarkStatus.ACTIVE
-            emitted.append(WatermarkStatus.ACTIVE)
-        # ... then re-derive the min: a channel realigned as the only aligned one
-        # moves the output at once instead of stalling it (FLINK-40475).
-        return emitted + self._rederive_min()
+        # drop the watermark that follows while it still sees IDLE), then the min is
+        # re-derived: a channel realigned as the only aligned one moves the output at
+        # once instead of stalling it (FLINK-40475).
+        return self._active_output_then_min()
 
     def _to_finished(self, channel: _Channel) -> list[Emitted]:
         # Rule 4: FINISHED is terminal; the channel leaves every min and max.
@@ -278,6 +271,15 @@ class StatusWatermarkValve:
             else:
                 return bound
         return None
+
+    def _active_output_then_min(self) -> list[Emitted]:
+        """Rule 3's emissions once a channel is ACTIVE: ACTIVE if the output was IDLE,
+        then the re-derived min."""
+        emitted: list[Emitted] = []
+        if self._output_status is WatermarkStatus.IDLE:
+            self._output_status = WatermarkStatus.ACTIVE
+            emitted.append(WatermarkStatus.ACTIVE)
+        return emitted + self._rederive_min()
 
     def _rederive_min(self) -> list[Emitted]:
         """DESIGN §5's "re-derive the min": the min over aligned ACTIVE channels, if greater.

@@ -15,6 +15,7 @@ from emitter.markers import MarkerStatus
 from spark_consumer.pipeline import load_report_lines
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import Writer
+from tests.process_harness import scrape, wait_while_running
 from tests.test_deploy import deploy_metric_names
 
 
@@ -58,33 +59,6 @@ def _consume(
     )
 
 
-def _wait(
-    predicate: object, timeout_s: float, what: str, process: subprocess.Popen[bytes], log: Path
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"consumer exited: {log.read_text()[-3000:]}"
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:]}")
-
-
-def _scrape(port: int) -> dict[str, float]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
-
-
 def test_sigkill_and_restart_give_every_window_exactly_once(
     broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
@@ -96,7 +70,9 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
     out = tmp_path / "out"
     first = _consume(broker, topic, control, tmp_path, log)
     try:
-        _wait(lambda: list(out.glob("batch-*")), 120, "a first output batch", first, log)
+        wait_while_running(
+            lambda: list(out.glob("batch-*")), 120, "a first output batch", first, log
+        )
         for second in range(10, 40):
             for partition in (0, 1):
                 write.data(partition, second, key=f"k{partition}")
@@ -113,7 +89,7 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)
         expected_windows = 2 * 8  # [0, 5) .. [35, 40) for two keys
-        _wait(
+        wait_while_running(
             lambda: len(load_report_lines(out)) >= expected_windows,
             180,
             "every window",
@@ -127,7 +103,7 @@ def test_sigkill_and_restart_give_every_window_exactly_once(
         assert len(rows) == expected_windows
         assert all(r["count"] == 5 for r in rows)
         assert not list((tmp_path / "out-late").glob("batch-*"))  # nothing late
-        metrics = _scrape(metrics_port)
+        metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         assert metrics["slackwater_consumer_up"] == 1
         assert metrics['slackwater_consumer_valve_status{status="FINISHED"}'] == 1
         assert metrics["slackwater_consumer_valve_watermark_ms"] == float(2**63 - 1)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import BASE_MS, Writer
+from tests.process_harness import wait_while_running
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FINISHED = MarkerStatus.FINISHED
@@ -56,18 +56,6 @@ def _batches(checkpoint: Path, log: str) -> int:
     return sum(1 for f in folder.iterdir() if f.name.isdigit()) if folder.exists() else 0
 
 
-def _wait(
-    predicate: object, timeout_s: float, what: str, process: subprocess.Popen[bytes], log: Path
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"example exited: {log.read_text()[-3000:]}"
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:]}")
-
-
 @pytest.mark.integration
 def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
     spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
@@ -100,12 +88,16 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
         pay(second)
     first = _start("windowed_sum.py", log, *arguments)
     try:
-        _wait(lambda: len(_committed_rows(spark, output)) >= 2, 180, "first windows", first, log)
+        wait_while_running(
+            lambda: len(_committed_rows(spark, output)) >= 2, 180, "first windows", first, log
+        )
         planned = _batches(checkpoint, "offsets")
         for second in range(25, 40):
             pay(second)
         # Once a new batch is planned (logged, maybe running), kill the driver.
-        _wait(lambda: _batches(checkpoint, "offsets") > planned, 60, "a batch", first, log)
+        wait_while_running(
+            lambda: _batches(checkpoint, "offsets") > planned, 60, "a batch", first, log
+        )
     finally:
         _kill_group(first)
     for second in range(40, 60):
@@ -114,7 +106,7 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
     try:
         write.marker(0, FINISHED)
         write.marker(1, FINISHED)
-        _wait(
+        wait_while_running(
             lambda: len(_committed_rows(spark, output)) >= len(expected),
             180,
             "every window",
@@ -122,7 +114,7 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
             log,
         )
         # Every planned batch committed: the query is idle and its output final.
-        _wait(
+        wait_while_running(
             lambda: _batches(checkpoint, "commits") == _batches(checkpoint, "offsets"),
             60,
             "every batch committed",
@@ -181,7 +173,7 @@ def test_windowed_sum_on_a_local_cluster_of_two_executor_processes(
         "--checkpoint", str(tmp_path / "ckpt"), "--master", "local-cluster[2,1,1024]",
     )  # fmt: skip
     try:
-        _wait(
+        wait_while_running(
             lambda: len(_committed_rows(spark, output)) >= len(expected),
             240,
             "every window",

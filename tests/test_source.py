@@ -24,30 +24,19 @@ from spark_consumer.source import (
 from spark_consumer.source_metrics import serve_source_metrics
 from tests.conftest import TopicFactory
 from tests.pipeline_harness import BASE_MS, Writer
+from tests.process_harness import scrape
 from tests.source_harness import events, window_job
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 
 
 def _scrape(query: StreamingQuery) -> dict[str, float]:
-    """A real scrape of the source's /metrics, as {series: value}."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """A real scrape of the source's /metrics for this query."""
     server = serve_source_metrics(lambda: [query], port=free_port(), host="127.0.0.1")
     try:
-        url = f"http://127.0.0.1:{server.port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
+        return scrape(f"http://127.0.0.1:{server.port}/metrics")
     finally:
         server.stop()
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}"] = sample.value
-    return values
 
 
 def _setup(
