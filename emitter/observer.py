@@ -22,7 +22,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from confluent_kafka.cimpl import _AdminClientImpl
+
+from emitter import list_offsets
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,6 @@ class BrokerObserver:
         self._partition_counts: dict[str, int] | None = None
         self._metadata_at_s = 0.0
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        self._latest_value = int(self._latest._value)
-        self._raw_list_offsets: Any = getattr(_AdminClientImpl, "list_offsets", None)
 
     def observe(self, topics: Iterable[str], group: str | None) -> BrokerView:
         view = BrokerView()
@@ -141,30 +140,13 @@ class BrokerObserver:
             return None
 
     def _list_latest(self, batch: list[TopicPartition]) -> Future[Any]:
-        """One ListOffsets(latest) for a batch, as a single future of {partition: result}.
-
-        confluent-kafka's public ``list_offsets`` builds one Python future per
-        partition (about 25 µs of CPU each, most of a 10,000-partition poll);
-        its own C method takes one future for the whole request, so we call
-        that, and fall back to the public API if a release changes it.
-        """
-        future: Future[Any] = Future()
-        future.set_running_or_notify_cancel()
-        if self._raw_list_offsets is not None:
-            request = [TopicPartition(tp.topic, tp.partition, self._latest_value) for tp in batch]
-            try:
-                self._raw_list_offsets(
-                    self._admin, request, future, request_timeout=self._timeout_s
-                )
-                return future
-            except (TypeError, AttributeError) as error:
-                log.warning("falling back to AdminClient.list_offsets: %s", error)
-                self._raw_list_offsets = None
-        futures = self._admin.list_offsets(
-            {tp: self._latest for tp in batch}, request_timeout=self._timeout_s
+        """One ListOffsets(latest) for a batch, as a single future (list_offsets.py)."""
+        return list_offsets.submit(
+            self._admin,
+            [(tp.topic, tp.partition) for tp in batch],
+            self._latest,
+            timeout_s=self._timeout_s,
         )
-        future.set_result({tp: _result(one, self._timeout_s) for tp, one in futures.items()})
-        return future
 
     def _collect_log_ends(
         self, pending: list[Future[Any] | None], errors: dict[str, str]
@@ -179,12 +161,12 @@ class BrokerObserver:
                 failures += 1
                 errors["list_offsets"] = str(results)
                 continue
-            for tp, result in results.items():
+            for key, result in results.items():
                 if isinstance(result, BaseException | KafkaError):
                     failures += 1
                     errors["list_offsets"] = str(result)
                 else:
-                    offsets[(tp.topic, tp.partition)] = int(result.offset)
+                    offsets[key] = result
         if failures:
             log.warning("log end offsets of %d partitions could not be read", failures)
         return offsets

@@ -6,9 +6,10 @@ valve's watermark, then count per 10-second window.
 
 A producer that retries writes the same event twice; only the first copy counts. The
 watermark is the valve's: a quiet partition marked IDLE does not hold the windows back.
-Known limit (docs/source.md): Spark keeps a deduplication key until the watermark passes
-its event time plus the ``withWatermark`` delay, and the source's delay is 36,500 days,
-so the keys are never evicted: correct results, unbounded state.
+Spark keeps a deduplication key until the watermark passes its event time plus the
+``withWatermark`` delay, so the job sets that delay (``--dedup-window``, the source's
+``watermarkDelay``): Spark's watermark is then max(valve, newest - window), the valve's
+as long as no partition lags the newest record by more than the window.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from pyspark.sql import functions as F
 from spark_consumer.source import read_stream
 
 
-def unique_counts(spark: SparkSession, bootstrap: str, topic: str, control: str) -> DataFrame:
-    """window_start, events: distinct event ids per 10-second window."""
+def unique_counts(
+    spark: SparkSession, bootstrap: str, topic: str, control: str, dedup_window: str = "1h"
+) -> DataFrame:
+    """window_start, events: distinct event ids per 10-second window; copies further
+    apart in event time than ``dedup_window`` are not recognised."""
     events = read_stream(
         spark,
         bootstrap_servers=bootstrap,
@@ -31,6 +35,7 @@ def unique_counts(spark: SparkSession, bootstrap: str, topic: str, control: str)
         control_topic=control,
         max_out_of_orderness="1s",
         event_time_field="ts",
+        watermark_delay=dedup_window,
     ).filter(F.col("event_time").isNotNull())
     with_id = events.withColumn("id", F.get_json_object(F.col("value").cast("string"), "$.id"))
     return (
@@ -46,10 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--control-topic", required=True)
+    parser.add_argument("--dedup-window", default="1h", help="e.g. 10m, 1h (default 1h)")
     args = parser.parse_args(argv)
     spark = SparkSession.builder.appName("deduplicate").getOrCreate()
     query = (
-        unique_counts(spark, args.bootstrap_servers, args.topic, args.control_topic)
+        unique_counts(
+            spark, args.bootstrap_servers, args.topic, args.control_topic, args.dedup_window
+        )
         .writeStream.outputMode("append")
         .format("console")
         .start()

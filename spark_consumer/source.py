@@ -49,6 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import BooleanType, StructField, StructType, TimestampType
 
+from emitter import list_offsets
 from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -60,12 +61,12 @@ from spark_consumer.valve import MIN_WATERMARK
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "slackwater-kafka"
-# The withWatermark delay that lets the synthetic row alone set Spark's watermark.
+# The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
+# Spark's watermark (real rows give newest - D, far below V).
 WATERMARK_DELAY_DAYS = 36_500
 WATERMARK_DELAY_MS = WATERMARK_DELAY_DAYS * 86_400_000
-# The highest V a synthetic row can carry (V + D must stay a Spark timestamp): the
-# planned form of MAX_WATERMARK, after which every window has ended.
-MAX_PLANNED_WATERMARK_MS = MAX_EVENT_TIME_MS - WATERMARK_DELAY_MS
+# Where the schema tells with_valve_watermark the D the source plans with.
+WATERMARK_DELAY_METADATA = "slackwater.watermarkDelayMs"
 EVENT_TIME = "event_time"
 LATE = "late"
 OFFSET_VERSION = 1
@@ -101,6 +102,30 @@ _CONSUMER_ONLY = (
 Offsets = dict[str, dict[str, int]]
 
 
+def _retriable_offset_errors() -> frozenset[int]:
+    """ListOffsets errors Kafka's protocol marks retriable (a RetriableException in the
+    Java client) that librdkafka's admin result does not flag ``retriable()``: what a
+    partition answers while it is being created or its leader moves."""
+    from confluent_kafka import KafkaError
+
+    names = (
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "UNKNOWN_TOPIC_OR_PART",
+        "REPLICA_NOT_AVAILABLE",
+        "OFFSET_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+        "NOT_ENOUGH_REPLICAS",
+        "KAFKA_STORAGE_ERROR",
+        "REQUEST_TIMED_OUT",
+    )
+    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
+
+
+_RETRIABLE_OFFSET_ERRORS = _retriable_offset_errors()
+
+
 class SourceError(RuntimeError):
     """The source cannot plan or read a batch; the message says what and where."""
 
@@ -125,6 +150,7 @@ class SourceOptions:
     request_timeout_s: float
     read_timeout_s: float
     max_records_per_arrow_batch: int
+    watermark_delay_ms: int = WATERMARK_DELAY_MS
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -148,6 +174,15 @@ class SourceOptions:
             out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
         except ValueError as error:
             raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
+        try:
+            delay_ms = parse_duration_ms(lowered.get("watermarkdelay", WATERMARK_DELAY_MS))
+        except ValueError as error:
+            raise SourceError(f"option 'watermarkDelay': {error}") from None
+        if not 1 <= delay_ms <= WATERMARK_DELAY_MS:
+            raise SourceError(
+                f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
+                f" {delay_ms} ms"
+            )
         max_per_trigger = lowered.get("maxoffsetspertrigger")
         if max_per_trigger is not None and (
             not max_per_trigger.isdigit() or int(max_per_trigger) < 1
@@ -174,7 +209,14 @@ class SourceOptions:
             request_timeout_s=float(lowered.get("requesttimeoutms", "30000")) / 1000,
             read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
             max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
+            watermark_delay_ms=delay_ms,
         )
+
+    @property
+    def max_planned_watermark_ms(self) -> int:
+        """The highest V a synthetic row can carry (V + D must stay a Spark timestamp):
+        the planned form of MAX_WATERMARK, after which every window has ended."""
+        return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
     def client_config(self) -> dict[str, Any]:
         return {**self.kafka_config, "bootstrap.servers": self.bootstrap_servers}
@@ -264,6 +306,7 @@ class SyntheticPartition(InputPartition):
     """The batch's one synthetic row: event time V + D (DESIGN §6)."""
 
     planned_watermark_ms: int
+    watermark_delay_ms: int
 
 
 # ---------------------------------------------------------------------------- source
@@ -277,7 +320,19 @@ class SlackwaterKafkaSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        # The event-time column carries D, so that with_valve_watermark applies the
+        # delay the synthetic row was planned with and the two cannot disagree.
+        delay_ms = SourceOptions.parse(dict(self.options)).watermark_delay_ms
+        return StructType(
+            [
+                StructField(f.name, f.dataType, f.nullable)
+                if f.name != EVENT_TIME
+                else StructField(
+                    EVENT_TIME, TimestampType(), True, {WATERMARK_DELAY_METADATA: delay_ms}
+                )
+                for f in SCHEMA.fields
+            ]
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         return SlackwaterStreamReader(SourceOptions.parse(dict(self.options)))
@@ -347,43 +402,58 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         }
 
     def _list_offsets(
-        self, partitions: list[tuple[str, int]], spec_name: str
+        self, partitions: list[tuple[str, int]], spec_name: str, *, wait_for_all: bool = False
     ) -> dict[tuple[str, int], int]:
-        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        """Offsets of the partitions that have one now. A partition just created or
+        moving leader answers with an error Kafka's protocol calls retriable: it is left
+        out, and stands still until the next trigger, or with ``wait_for_all`` asked
+        again until the request timeout."""
+        deadline = time.monotonic() + self.options.request_timeout_s
+        offsets, not_ready = self._list_offsets_once(partitions, spec_name)
+        while wait_for_all and not_ready and time.monotonic() < deadline:
+            time.sleep(0.2)
+            more, not_ready = self._list_offsets_once(list(not_ready), spec_name)
+            offsets.update(more)
+        if not_ready:
+            where = ", ".join(f"{t}[{p}] ({name})" for (t, p), name in list(not_ready.items())[:5])
+            if wait_for_all:
+                raise SourceError(
+                    f"{spec_name} offsets not available after "
+                    f"{self.options.request_timeout_s:.0f}s: {where}"
+                )
+            log.info("offsets not ready, retried next trigger: %s", where)
+        return offsets
+
+    def _list_offsets_once(
+        self, partitions: list[tuple[str, int]], spec_name: str
+    ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
+        from confluent_kafka import IsolationLevel, KafkaError
         from confluent_kafka.admin import OffsetSpec
 
         if not partitions:
-            return {}
-        spec = getattr(OffsetSpec, spec_name)()
+            return {}, {}
         isolation = (
             IsolationLevel.READ_COMMITTED
             if self.options.read_committed
             else IsolationLevel.READ_UNCOMMITTED
         )
-        futures = self._admin_client().list_offsets(
-            {TopicPartition(t, p): spec for t, p in partitions},
+        answers = list_offsets.submit(
+            self._admin_client(),
+            partitions,
+            getattr(OffsetSpec, spec_name)(),
+            timeout_s=self.options.request_timeout_s,
             isolation_level=isolation,
-            request_timeout=self.options.request_timeout_s,
-        )
+        ).result(timeout=self.options.request_timeout_s)
         offsets: dict[tuple[str, int], int] = {}
-        not_ready: list[str] = []
-        for tp, future in futures.items():
-            try:
-                result = future.result(timeout=self.options.request_timeout_s)
-            except KafkaException as error:
-                kafka_error = error.args[0]
-                if not kafka_error.retriable():
-                    raise SourceError(
-                        f"{spec_name} offset of {tp.topic}[{tp.partition}]: {kafka_error}"
-                    ) from error
-                # A partition just created, or moving leader: it has no offset for us
-                # yet. Left out of this plan, so it stands still until the next trigger.
-                not_ready.append(f"{tp.topic}[{tp.partition}] ({kafka_error.name()})")
+        not_ready: dict[tuple[str, int], str] = {}
+        for (topic, partition), answer in answers.items():
+            if isinstance(answer, KafkaError):
+                if not (answer.retriable() or answer.code() in _RETRIABLE_OFFSET_ERRORS):
+                    raise SourceError(f"{spec_name} offset of {topic}[{partition}]: {answer}")
+                not_ready[(topic, partition)] = answer.name()
                 continue
-            offsets[(tp.topic, tp.partition)] = int(result.offset)
-        if not_ready:
-            log.info("offsets not ready, retried next trigger: %s", ", ".join(not_ready[:5]))
-        return offsets
+            offsets[(topic, partition)] = answer
+        return offsets, not_ready
 
     def _ensure_progress_topic(self) -> None:
         from confluent_kafka import KafkaError, KafkaException
@@ -404,12 +474,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 raise SourceError(f"cannot create progress topic {name!r}: {error}") from error
 
     def _topic_ends(self, topic: str) -> dict[str, int]:
-        """The log end of every partition of a topic; empty if the topic does not exist."""
+        """The log end of every partition of a topic; empty if the topic does not exist.
+        Waits for a partition just created (the progress topic at the first start)."""
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
         described = metadata.topics.get(topic)
         if described is None or described.error is not None:
             return {}
-        ends = self._list_offsets([(topic, p) for p in described.partitions], "latest")
+        ends = self._list_offsets(
+            [(topic, p) for p in described.partitions], "latest", wait_for_all=True
+        )
         return {str(p): end for (_, p), end in ends.items()}
 
     # ---------------------------------------------------------------- offsets
@@ -418,7 +491,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._ensure_progress_topic()
         counts = self._partition_counts()
         partitions = [(t, p) for t, count in counts.items() for p in range(count)]
-        starting = self._list_offsets(partitions, self.options.starting_offsets)
+        starting = self._list_offsets(partitions, self.options.starting_offsets, wait_for_all=True)
         data: Offsets = {}
         for (topic, partition), offset in starting.items():
             data.setdefault(topic, {})[str(partition)] = offset
@@ -648,7 +721,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def _wait_for_progress(
         self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
     ) -> dict[tuple[str, int], Progress]:
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
         if not ranges:
             return {}
@@ -669,7 +742,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self._progress_consumer = self._consumer()
         consumer = self._progress_consumer
         topic = self.options.progress_topic
-        consumer.assign([TopicPartition(topic, int(p), o) for p, o in plan.progress.items()])
+        # Every partition of the progress topic, from where the last plan stopped (from
+        # its beginning if the plan has no position for it: no record is missed).
+        positions = {int(p): o for p, o in plan.progress.items()}
+        if not positions:
+            listed = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
+            described = listed.topics.get(topic)
+            if described is not None and described.error is None:
+                positions = {p: OFFSET_BEGINNING for p in described.partitions}
+        consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
         deadline = time.monotonic() + self.options.progress_timeout_s
         try:
             while wanted:
@@ -680,7 +761,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                         f"readers of {len(wanted)} range(s) of the last batch ({missing}) on "
                         f"topic {topic}: the watermark cannot advance without it"
                     )
-                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                # consume() returns when it has num_messages or at the timeout: asking
+                # for what is still wanted returns as soon as it has come.
+                wanted_now = min(len(wanted), 10_000)
+                for message in consumer.consume(num_messages=wanted_now, timeout=0.2):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -708,7 +792,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         ]
         planned = int(end["watermark"])
         if planned > MIN_WATERMARK:
-            result.append(SyntheticPartition(min(planned, MAX_PLANNED_WATERMARK_MS)))
+            result.append(
+                SyntheticPartition(
+                    min(planned, self.options.max_planned_watermark_ms),
+                    self.options.watermark_delay_ms,
+                )
+            )
         return result
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -729,7 +818,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SyntheticPartition):
-            return iter([_synthetic_batch(partition.planned_watermark_ms)])
+            return iter(
+                [_synthetic_batch(partition.planned_watermark_ms, partition.watermark_delay_ms)]
+            )
         assert isinstance(partition, RangePartition)
         return read_range(self.options, partition)
 
@@ -1025,9 +1116,9 @@ class _Builder:
         )
 
 
-def _synthetic_batch(planned_watermark_ms: int) -> pa.RecordBatch:
+def _synthetic_batch(planned_watermark_ms: int, watermark_delay_ms: int) -> pa.RecordBatch:
     row: dict[str, Any] = {name: None for name in ARROW_SCHEMA.names}
-    row[EVENT_TIME] = (planned_watermark_ms + WATERMARK_DELAY_MS) * 1000
+    row[EVENT_TIME] = (planned_watermark_ms + watermark_delay_ms) * 1000
     row[LATE] = False
     return pa.RecordBatch.from_pylist([row], schema=ARROW_SCHEMA)
 
@@ -1051,9 +1142,11 @@ def _not_synthetic() -> Column:
 
 
 def with_valve_watermark(frame: DataFrame) -> DataFrame:
-    """The valve's watermark as Spark's: ``withWatermark`` on ``event_time``, then the
-    synthetic row removed."""
-    return frame.withWatermark(EVENT_TIME, f"{WATERMARK_DELAY_DAYS} days").filter(_not_synthetic())
+    """The valve's watermark as Spark's: ``withWatermark`` on ``event_time`` with the
+    delay the source planned its synthetic row with (from the column's metadata), then
+    the synthetic row removed."""
+    delay_ms = frame.schema[EVENT_TIME].metadata.get(WATERMARK_DELAY_METADATA, WATERMARK_DELAY_MS)
+    return frame.withWatermark(EVENT_TIME, f"{int(delay_ms)} milliseconds").filter(_not_synthetic())
 
 
 def read_stream(
@@ -1066,8 +1159,14 @@ def read_stream(
     event_time_field: str | None = None,
     starting_offsets: str = "earliest",
     kafka_config: dict[str, str] | None = None,
+    watermark_delay: str | None = None,
 ) -> DataFrame:
-    """The source with its watermark applied: what a job reads (DESIGN §6)."""
+    """The source with its watermark applied: what a job reads (DESIGN §6).
+
+    ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
+    state lives for the delay: Spark's watermark then becomes max(V, newest - delay),
+    the valve's only while no partition lags the newest record by more than the delay.
+    """
     spark.dataSource.register(SlackwaterKafkaSource)
     reader = (
         spark.readStream.format(SOURCE_NAME)
@@ -1080,6 +1179,8 @@ def read_stream(
         reader = reader.option("controlTopic", control_topic)
     if event_time_field is not None:
         reader = reader.option("eventTimeField", event_time_field)
+    if watermark_delay is not None:
+        reader = reader.option("watermarkDelay", watermark_delay)
     for key, value in (kafka_config or {}).items():
         reader = reader.option(f"kafka.{key}", value)
     return with_valve_watermark(reader.load())

@@ -200,6 +200,17 @@ def _memory_query(frame: DataFrame, tmp: Path, name: str) -> StreamingQuery:
     )
 
 
+def _state_rows(query: StreamingQuery, operator: str) -> int:
+    """Rows in the state of the query's operator named ``operator`` (last progress)."""
+    progress = query.lastProgress
+    assert progress is not None
+    counts = [
+        s["numRowsTotal"] for s in progress["stateOperators"] if s["operatorName"] == operator
+    ]
+    assert len(counts) == 1, progress["stateOperators"]
+    return int(counts[0])
+
+
 def _settle(query: StreamingQuery) -> None:
     query.processAllAvailable()
     assert query.exception() is None, query.exception()
@@ -295,7 +306,7 @@ def test_join_emits_unpaid_orders_while_the_payments_topic_is_quiet(
 
 
 @pytest.mark.integration
-def test_deduplicated_counts_drop_every_second_copy(
+def test_deduplicated_counts_drop_every_second_copy_and_forget_keys_past_the_window(
     spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     from examples.deduplicate import unique_counts
@@ -310,13 +321,26 @@ def test_deduplicated_counts_drop_every_second_copy(
             write.producer.produce(topic, value=value, partition=partition)
             write.log_end[partition] = write.log_end.get(partition, 0) + 1
     assert write.producer.flush(10) == 0
-    write.marker(0, FINISHED)
-    write.marker(1, FINISHED)
     name = f"d_{topic[2:]}"
     query = _memory_query(
-        unique_counts(spark, broker.bootstrap_servers, topic, control), tmp_path, name
+        unique_counts(spark, broker.bootstrap_servers, topic, control, dedup_window="5s"),
+        tmp_path,
+        name,
     )
     try:
+        _settle(query)
+        # V = min(28 s on p0, 29 s on p1) - 1 s out-of-orderness = 27 s: windows up to
+        # 20 s are out, and a key lives until V passes its event time + 5 s, so only the
+        # events from 22 s on (8 of them, give or take the boundary) are still kept.
+        rows = {
+            _seconds(r["window_start"]): r["events"]
+            for r in spark.sql(f"select * from {name}").collect()
+        }
+        assert rows == {0: 10, 10: 10}
+        dedup_state = _state_rows(query, "dedupeWithinWatermark")
+        assert 7 <= dedup_state <= 9, dedup_state
+        write.marker(0, FINISHED)
+        write.marker(1, FINISHED)
         _settle(query)
         rows = {
             _seconds(r["window_start"]): r["events"]
@@ -324,5 +348,6 @@ def test_deduplicated_counts_drop_every_second_copy(
         }
         assert rows == {0: 10, 10: 10, 20: 10}  # 40 records, 30 distinct events
         assert spark.sql(f"select * from {name}").count() == 3
+        assert _state_rows(query, "dedupeWithinWatermark") == 0
     finally:
         query.stop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from emitter import list_offsets
 from emitter.kafka_broker import KafkaBroker
 from emitter.observer import BrokerObserver
 from tests.conftest import TopicFactory
@@ -12,7 +14,10 @@ from tests.emitter_harness import produce_one
 
 
 def test_log_ends_and_group_offsets_across_batches(
-    broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory
+    broker: KafkaBroker,
+    admin: AdminClient,
+    new_topic: TopicFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = new_topic(partitions=5)
     for partition in range(5):
@@ -28,7 +33,7 @@ def test_log_ends_and_group_offsets_across_batches(
     assert view.log_end_offsets == {(topic, p): p for p in range(5)}
     assert view.committed_offsets == {(topic, 3): 1}
     # The public per-partition-future API gives the same answer as the batched C call.
-    observer._raw_list_offsets = None
+    monkeypatch.setitem(list_offsets.C_METHODS, "list_offsets", None)
     assert observer.observe([topic], None).log_end_offsets == view.log_end_offsets
 
 

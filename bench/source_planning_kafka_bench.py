@@ -1,0 +1,131 @@
+"""Milliseconds of the source's whole planning (``latestOffset``) on Apache Kafka, per
+batch, by partitions: the Kafka requests included.
+
+    .venv/bin/python -m bench.source_planning_kafka_bench [--partitions 1000 10000]
+
+Topics of 1,000 partitions each on the launcher's single-node Kafka. Each round
+writes one record to every partition, then what the readers of the previous batch
+would have written to the progress topic (one record per range, as ``read`` does:
+simulated here, since 10,000 reader tasks are Spark's part), then times one
+``latestOffset``: the metadata request and ListOffsets round, the wait for and the read
+of every range's progress, the markers, the valve, the offset's JSON. The first round
+(no previous batch, nothing to wait for) is not counted. Median and max of --rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from emitter.kafka_broker import KafkaBroker
+from spark_consumer.source import (
+    Progress,
+    RangePartition,
+    SlackwaterStreamReader,
+    SourceOptions,
+    progress_key,
+)
+
+
+def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:
+    # One topic per request: KRaft refuses one request that creates 10,000 partitions.
+    for topic in topics:
+        future = admin.create_topics(
+            [NewTopic(topic, num_partitions=per_topic, replication_factor=1)], request_timeout=300
+        )[topic]
+        future.result(300)
+
+
+def _write_records(producer: Producer, topics: list[str], per_topic: int, round_: int) -> None:
+    now_ms = 1_700_000_000_000 + round_ * 1_000
+    for topic in topics:
+        for partition in range(per_topic):
+            producer.produce(topic, value=b"{}", partition=partition, timestamp=now_ms)
+    assert producer.flush(120) == 0
+
+
+def _write_progress(
+    producer: Producer,
+    reader: SlackwaterStreamReader,
+    start: dict[str, object],
+    end: dict[str, object],
+) -> None:
+    """What each reader task of the batch (start, end] writes when it finishes."""
+    for split in reader.partitions(start, end):
+        if not isinstance(split, RangePartition):
+            continue
+        key = progress_key(
+            topic=split.topic,
+            partition=split.partition,
+            start=split.start,
+            end=split.end,
+            late_threshold_ms=split.late_threshold_ms,
+            event_time="timestamp",
+        )
+        progress = Progress(
+            records=split.end - split.start,
+            max_event_time_ms=1_700_000_000_000,
+            max_offset=split.end - 1,
+            late=0,
+            unreadable=0,
+        )
+        producer.produce(reader.options.progress_topic, key=key, value=progress.encode())
+    assert producer.flush(120) == 0
+
+
+def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float, int]:
+    per_topic = min(partitions, 1_000)
+    topics = [f"plan-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
+    control = f"plan-ctl-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    _create(admin, topics, per_topic)
+    _create(admin, [control], 1)
+    reader = SlackwaterStreamReader(
+        SourceOptions.parse(
+            {
+                "kafka.bootstrap.servers": bootstrap,
+                "subscribe": ",".join(topics),
+                "controlTopic": control,
+            }
+        )
+    )
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    start = reader.initialOffset()
+    timings: list[float] = []
+    offset_bytes = 0
+    for round_ in range(rounds + 1):
+        _write_records(producer, topics, per_topic, round_)
+        started = time.perf_counter()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        if round_ > 0:
+            timings.append(elapsed_ms)
+        offset_bytes = len(json.dumps(end))
+        _write_progress(producer, reader, start, end)
+        start = json.loads(json.dumps(end))  # Spark hands the offset back from its log
+    reader.stop()
+    admin.delete_topics([*topics, control, reader.options.progress_topic])
+    return statistics.median(timings), max(timings), offset_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1_000, 10_000])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    print(f"{'partitions':>10} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}", flush=True)
+    with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
+        for partitions in args.partitions:
+            median_ms, max_ms, size = measure(broker.bootstrap_servers, partitions, args.rounds)
+            print(f"{partitions:>10,} {median_ms:>10.1f} {max_ms:>8.1f} {size / 1024:>11.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The source's options: each bad value is one SourceError naming the option."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_consumer.source import WATERMARK_DELAY_MS, SourceError, SourceOptions
+
+BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "orders"}, "'kafka.bootstrap.servers' is required"),
+        ({**BASE, "subscribePattern": "o.*"}, "exactly one of"),
+        ({"kafka.bootstrap.servers": "x:1"}, "exactly one of"),
+        ({**BASE, "subscribe": "", "subscribePattern": "("}, "'subscribePattern' is not a regex"),
+        ({**BASE, "startingOffsets": "middle"}, "'startingOffsets' must be earliest or latest"),
+        ({**BASE, "maxOutOfOrderness": "soon"}, "'maxOutOfOrderness'"),
+        ({**BASE, "maxOffsetsPerTrigger": "0"}, "'maxOffsetsPerTrigger' must be a positive"),
+        ({**BASE, "watermarkDelay": "abc"}, "'watermarkDelay'"),
+        ({**BASE, "watermarkDelay": "0s"}, "'watermarkDelay' must be between"),
+        ({**BASE, "watermarkDelay": str(WATERMARK_DELAY_MS + 1)}, "'watermarkDelay' must be"),
+    ],
+)
+def test_a_bad_option_is_one_error_naming_it(options: dict[str, str], message: str) -> None:
+    with pytest.raises(SourceError, match=message):
+        SourceOptions.parse(options)
+
+
+def test_watermark_delay_defaults_to_the_delay_that_makes_the_valve_alone_set_the_watermark() -> (
+    None
+):
+    assert SourceOptions.parse(BASE).watermark_delay_ms == WATERMARK_DELAY_MS
+    one_hour = SourceOptions.parse({**BASE, "watermarkDelay": "1h"})
+    assert one_hour.watermark_delay_ms == 3_600_000
+    # V + D must stay a Spark timestamp: a smaller D lets V go higher.
+    assert one_hour.max_planned_watermark_ms > SourceOptions.parse(BASE).max_planned_watermark_ms
