@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -95,6 +96,7 @@ def _run_demo_producer(args: argparse.Namespace) -> int:
     from emitter.settings import parse_duration_ms
     from spark_consumer.live_demo import DemoState, produce_script
 
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = stop_on_signals("demo-producer")  # the script checks it between records
     print(f"producing to {args.topic} for {args.duration}", flush=True)
     produce_script(

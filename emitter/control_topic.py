@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from emitter.kafka_logging import client_logging
 from emitter.markers import (
     ControlRecord,
     EpochClaim,
@@ -103,6 +104,7 @@ class ControlTopicReader:
         self._consumer = Consumer(
             {
                 **kafka_config,
+                **client_logging("control-reader"),
                 "bootstrap.servers": bootstrap_servers,
                 "group.id": f"slackwater-control-reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
@@ -208,6 +210,7 @@ class ControlTopicWriter:
         self._producer = Producer(
             {
                 **kafka_config,
+                **client_logging("control-writer"),
                 "bootstrap.servers": bootstrap_servers,
                 "enable.idempotence": True,
                 "acks": "all",

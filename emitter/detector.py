@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from emitter.markers import Marker, MarkerStatus
 
 TopicPartitionKey = tuple[str, int]
+# Partitions held aside at most (markers for partitions the broker does not list); more
+# are dropped and counted: a forged control topic cannot grow the emitter's memory.
+MAX_HELD = 1_000
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,11 @@ class Detector:
     _absent_polls: dict[str, int] = field(default_factory=dict)
     _seen_topics: set[str] = field(default_factory=set)
     missing_topics: set[str] = field(default_factory=set)
+    # Partitions known only from the control topic (a marker, a finish request) that
+    # the broker's metadata does not list: kept aside, never proposed for, and taken
+    # back if the partition appears (create_partitions). Bounded: see MAX_HELD.
+    held: dict[TopicPartitionKey, PartitionState] = field(default_factory=dict)
+    held_dropped: int = 0
 
     def restore(self, markers: Iterable[Marker]) -> None:
         """Continues from the last marker of every partition (read back from the control topic)."""
@@ -185,6 +193,7 @@ class Detector:
             if topic in present:
                 self._seen_topics.add(topic)
                 self._absent_polls.pop(topic, None)
+                self._hold_unlisted(topic, present[topic])
                 continue
             if topic not in self._seen_topics:
                 self.missing_topics.add(topic)  # not created yet: retried every poll
@@ -210,6 +219,18 @@ class Detector:
                         )
                     )
         return proposals
+
+    def _hold_unlisted(self, topic: str, partition_count: int) -> None:
+        """Partitions come from the broker, not from markers (DESIGN §3): a state for a
+        partition the metadata does not list is held aside until it is listed."""
+        for key in [k for k in self.partitions if k[0] == topic and k[1] >= partition_count]:
+            state = self.partitions.pop(key)
+            if len(self.held) < MAX_HELD:
+                self.held[key] = state
+            else:
+                self.held_dropped += 1
+        for key in [k for k in self.held if k[0] == topic and k[1] < partition_count]:
+            self.partitions.setdefault(key, self.held.pop(key))
 
     def published(self, marker: Marker) -> None:
         """The broker acknowledged this marker: from now on it is the partition's status."""

@@ -19,7 +19,7 @@ from prometheus_client import (
     Info,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from emitter.markers import MarkerStatus
@@ -51,6 +51,8 @@ class Snapshot:
     partitions_without_owner: int | None = None
     members_without_partitions: int | None = None
     group_members: int | None = None
+    unlisted_partitions: int = 0
+    unlisted_partitions_dropped: int = 0
 
 
 class EmitterMetrics:
@@ -164,6 +166,17 @@ class _StateCollector(Collector):
             PREFIX + "watched_partitions",
             "Partitions of the watched topics being tracked.",
             value=len(snap.partitions),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "unlisted_partitions",
+            "Partitions of watched topics named by control records but not listed by the "
+            "broker: held aside, never marked, taken back if the partition appears.",
+            value=snap.unlisted_partitions,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "unlisted_partitions_dropped",
+            "Unlisted partitions dropped because the held set was full (1,000).",
+            value=snap.unlisted_partitions_dropped,
         )
         missing = GaugeMetricFamily(
             PREFIX + "topic_missing",

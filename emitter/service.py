@@ -30,12 +30,16 @@ from emitter.control_topic import (
 )
 from emitter.detector import Detector, Observation, Proposal
 from emitter.http_server import MetricsServer
+from emitter.kafka_logging import OncePerInterval, client_logging
 from emitter.lag import LogEndTimeline, Ownership, lag_offsets, ownership
 from emitter.markers import EpochClaim, FinishRequest, Marker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
 from emitter.observer import BrokerObserver, BrokerView
 
 log = logging.getLogger(__name__)
+# Repeats while the broker is away: one line per kind per 30 s.
+log_unreachable = logging.getLogger(f"{__name__}.connection")
+log_unreachable.addFilter(OncePerInterval())
 
 TopicPartitionKey = tuple[str, int]
 
@@ -77,7 +81,7 @@ class Emitter:
             **config.kafka_config,
             "bootstrap.servers": config.bootstrap_servers,
         }
-        self._admin = AdminClient(kafka)
+        self._admin = AdminClient({**kafka, **client_logging("admin")})
         self._observer = BrokerObserver(
             self._admin,
             self._timeout_s,
@@ -124,7 +128,9 @@ class Emitter:
                 )
             except (KafkaException, ControlTopicError, KeyError) as error:
                 self._set_broker_up(False)
-                log.warning("cannot start on the control topic yet (%s); retrying", error)
+                log_unreachable.warning(
+                    "cannot start on the control topic yet (%s); retrying", error
+                )
                 stop.wait(config.poll_interval_ms / 1000)
                 continue
             self._reader, self._writer, self.epoch = reader, writer, epoch
@@ -335,6 +341,8 @@ class Emitter:
                     len(owners.members_without_partitions) if owners else None
                 ),
                 group_members=len(self._assignment) if self._assignment is not None else None,
+                unlisted_partitions=len(self.detector.held),
+                unlisted_partitions_dropped=self.detector.held_dropped,
             )
 
     def status_view(self) -> dict[str, Any]:
@@ -414,6 +422,7 @@ class Emitter:
                 began = time.monotonic()
                 try:
                     self.poll_once()
+                    self._admin.poll(0)  # serves the admin client's log lines
                 except Exception:  # a poll must never end the service
                     log.exception("poll failed")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - began)))

@@ -42,6 +42,7 @@ from rich.table import Table
 
 from emitter.config import EmitterConfig
 from emitter.kafka_broker import KafkaBroker
+from emitter.kafka_logging import client_logging
 from emitter.markers import MarkerStatus
 from emitter.service import Emitter
 from spark_consumer.alignment import MarkerAligner
@@ -108,7 +109,9 @@ def produce_script(
 ) -> None:
     """The demo's producer script (module docstring), from now for ``duration_s``."""
     started = time.monotonic()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    producer = Producer(
+        {**client_logging("demo-producer"), "bootstrap.servers": bootstrap, "linger.ms": 0}
+    )
     rng = random.Random(42)
     finish_sent = False
     while not stop.is_set():
@@ -132,7 +135,10 @@ def produce_script(
             )
             with state.lock:
                 state.produced[partition] += 1
-        producer.flush(10)  # one round of records acknowledged before the next
+        # One round of records acknowledged before the next; a stop request is seen
+        # within half a second even while the broker cannot be reached.
+        while producer.flush(0.5) > 0 and not stop.is_set():
+            pass
         if not finish_sent and elapsed >= 0.35 * duration_s:
             # The real command, as an operator would run it.
             finish = subprocess.run(
@@ -222,7 +228,7 @@ def run_live_demo(
     with KafkaBroker() as broker:
         bootstrap = broker.bootstrap_servers
         console.print(f"Apache Kafka (KRaft) on {bootstrap}; output in {output_dir}")
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({**client_logging("demo"), "bootstrap.servers": bootstrap})
         for future in admin.create_topics(
             [
                 NewTopic(DATA_TOPIC, num_partitions=PARTITIONS, replication_factor=1),

@@ -50,6 +50,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import BooleanType, StructField, StructType, TimestampType
 
 from emitter import list_offsets
+from emitter.kafka_logging import client_logging
 from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -219,7 +220,11 @@ class SourceOptions:
         return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
     def client_config(self) -> dict[str, Any]:
-        return {**self.kafka_config, "bootstrap.servers": self.bootstrap_servers}
+        return {
+            **client_logging("source"),
+            **self.kafka_config,
+            "bootstrap.servers": self.bootstrap_servers,
+        }
 
     def producer_config(self) -> dict[str, Any]:
         return {

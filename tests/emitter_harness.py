@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import ControlTopicReader
@@ -50,6 +50,21 @@ def produce_one(bootstrap: str, topic: str, partition: int, count: int = 1) -> N
     for _ in range(count):
         producer.produce(topic, value=b"{}", partition=partition)
         assert producer.flush(10) == 0
+
+
+def commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
+    """A group's offsets committed, as a consumer application does: retried while the
+    broker answers with a retriable error (the first commit on a new broker meets
+    COORDINATOR_LOAD_IN_PROGRESS while __consumer_offsets is being created)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return
+        except KafkaException as error:
+            if not error.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def control_markers(bootstrap: str, control_topic: str) -> list[Marker]:

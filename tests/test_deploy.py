@@ -19,7 +19,13 @@ import yaml
 
 from emitter.kafka_broker import KafkaBroker, free_port
 from tests.conftest import TopicFactory
-from tests.emitter_harness import RunningEmitter, produce_one, start_emitter, wait_until
+from tests.emitter_harness import (
+    RunningEmitter,
+    commit,
+    produce_one,
+    start_emitter,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -116,9 +122,7 @@ def emitter_with_group(
     topic, group = new_topic(partitions=2), f"deploy-{time.monotonic_ns()}"
     produce_one(broker.bootstrap_servers, topic, 0, count=2)
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
-    consumer.commit(
-        offsets=[TopicPartition(topic, 0, 1), TopicPartition(topic, 1, 0)], asynchronous=False
-    )
+    commit(consumer, [TopicPartition(topic, 0, 1), TopicPartition(topic, 1, 0)])
     consumer.close()
     running = start_emitter(
         bootstrap_servers=broker.bootstrap_servers,

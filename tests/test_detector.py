@@ -279,3 +279,42 @@ def test_deleted_topic_finishes_at_the_highest_log_end_seen() -> None:
     run(detector, obs(0, {0: 30}))
     run(detector, obs(1, {0: 0}, topics={T: 1}))  # answered for a new incarnation, say
     assert run(detector, obs(2, {}, topics={})) == [P(0, FINISHED, 30, Reason.TOPIC_DELETED)]
+
+
+def test_a_marker_for_a_partition_the_broker_does_not_list_is_held_not_marked() -> None:
+    detector = Detector(idle_timeout_s=100, deleted_topic_polls=2)
+    detector.restore([_marker(0, IDLE, 40), _marker(9, IDLE, 7)])
+    detector.request_finish(T, 12)
+    assert run(detector, obs(0, {0: 40, 1: 0, 2: 0})) == []  # metadata: 3 partitions
+    assert set(detector.partitions) == {(T, 0), (T, 1), (T, 2)}
+    assert set(detector.held) == {(T, 9), (T, 12)}
+    # A deleted topic finishes the partitions the broker listed, none of the held ones.
+    assert run(detector, obs(1, {}, topics={})) == []
+    assert run(detector, obs(2, {}, topics={})) == [
+        P(0, FINISHED, 40, Reason.TOPIC_DELETED),
+        P(1, FINISHED, 0, Reason.TOPIC_DELETED),
+        P(2, FINISHED, 0, Reason.TOPIC_DELETED),
+    ]
+
+
+def test_a_held_partition_is_taken_back_when_the_broker_lists_it() -> None:
+    detector = Detector(idle_timeout_s=100)
+    detector.restore([_marker(9, IDLE, 7)])
+    assert run(detector, obs(0, {0: 1})) == []
+    assert (T, 9) in detector.held
+    # create_partitions: the topic now has 10; the marker's state is the partition's.
+    offsets = {p: 0 for p in range(9)} | {9: 7}
+    assert run(detector, obs(1, offsets)) == []  # still IDLE@7: nothing to say
+    assert detector.held == {}
+    assert detector.partitions[(T, 9)].status is IDLE
+    assert run(detector, obs(2, offsets | {9: 8})) == [P(9, ACTIVE, 7, Reason.LOG_END_MOVED)]
+
+
+def test_held_partitions_are_bounded_and_the_rest_counted() -> None:
+    from emitter.detector import MAX_HELD
+
+    detector = Detector(idle_timeout_s=1)
+    detector.restore([_marker(p, IDLE, 1) for p in range(1, MAX_HELD + 6)])
+    run(detector, obs(0, {0: 0}))
+    assert len(detector.held) == MAX_HELD
+    assert detector.held_dropped == 5

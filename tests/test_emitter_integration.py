@@ -18,6 +18,7 @@ from tests.emitter_harness import (
     FAST,
     POLLS_PAST_IDLE_TIMEOUT,
     after_polls,
+    commit,
     control_markers,
     produce_one,
     wait_until,
@@ -280,7 +281,7 @@ def test_group_lag_in_offsets_and_seconds(
             "enable.auto.commit": False,
         }
     )
-    consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    commit(consumer, [TopicPartition(topic, 0, 2)])
     running = emitters(topics=[topic], control_topic=control, group=group, idle_timeout_ms=60_000)
     wait_until(
         lambda: (
@@ -318,7 +319,7 @@ def test_group_lag_in_offsets_and_seconds(
     # time since record 2 was produced (measured here, around the emitter's estimate).
     assert later_lag_s is not None and first_lag_s < later_lag_s
     assert later_lag_s <= time.monotonic() - produced_at + 2 * POLL_S
-    consumer.commit(offsets=[TopicPartition(topic, 0, 6)], asynchronous=False)
+    commit(consumer, [TopicPartition(topic, 0, 6)])
     consumer.close()
     wait_until(
         lambda: (

@@ -10,7 +10,7 @@ from emitter import list_offsets
 from emitter.kafka_broker import KafkaBroker
 from emitter.observer import BrokerObserver
 from tests.conftest import TopicFactory
-from tests.emitter_harness import produce_one
+from tests.emitter_harness import commit, produce_one
 
 
 def test_log_ends_and_group_offsets_across_batches(
@@ -24,7 +24,7 @@ def test_log_ends_and_group_offsets_across_batches(
         produce_one(broker.bootstrap_servers, topic, partition, count=partition)
     group = f"{topic}-group"
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
-    consumer.commit(offsets=[TopicPartition(topic, 3, 1)], asynchronous=False)
+    commit(consumer, [TopicPartition(topic, 3, 1)])
     consumer.close()
     observer = BrokerObserver(admin, 5.0, metadata_interval_s=10.0, batch_partitions=2)
     view = observer.observe([topic, "no-such-topic"], group)

@@ -1,0 +1,71 @@
+"""librdkafka's log lines through Python logging, each kind at most once per 30 s.
+
+A client that cannot reach its broker logs a failed connection several times a second
+(about 15 lines a second from the emitter's three clients); one line saying so, and
+again while it lasts, is what an operator needs. Every Kafka client of slackwater gets
+``client_logging(name)`` in its configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+LOGGER_NAME = "slackwater.librdkafka"
+REPEAT_INTERVAL_S = 30.0
+# What varies between two lines of one kind: timestamps, durations, counts, ports.
+_VARYING = re.compile(r"\d+")
+
+
+class OncePerInterval(logging.Filter):
+    """Passes a record unless one of the same kind passed less than ``interval_s`` ago;
+    the next one that passes says how many were held back."""
+
+    def __init__(
+        self, interval_s: float = REPEAT_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last_s: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = f"{record.name}|{_VARYING.sub('#', record.getMessage())}"
+        now = self._clock()
+        last = self._last_s.get(kind)
+        if last is not None and now - last < self._interval_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return False
+        self._last_s[kind] = now
+        held = self._held.pop(kind, 0)
+        if held and last is not None:
+            record.msg = f"{record.getMessage()} (and {held} more like it in {now - last:.0f}s)"
+            record.args = ()
+        return True
+
+
+def _not_reported_twice(record: logging.LogRecord) -> bool:
+    """librdkafka logs a failed connection (facility FAIL) and reports the same error to
+    ``error_cb``: the error line is kept, the log line shown only at DEBUG."""
+    if record.getMessage().startswith("FAIL ") and record.levelno > logging.DEBUG:
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+    return True
+
+
+def client_logging(client: str) -> dict[str, Any]:
+    """Configuration entries that route a client's logs and errors through Python
+    logging, rate-limited (served from the client's poll, flush and consume calls)."""
+    logger = logging.getLogger(f"{LOGGER_NAME}.{client}")
+    if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+        logger.addFilter(_not_reported_twice)
+        logger.addFilter(OncePerInterval())
+
+    def on_error(error: Any) -> None:
+        # librdkafka retries by itself: this says what is wrong, never stops anything.
+        logger.warning("Kafka: %s (still retrying)", error.str())
+
+    return {"logger": logger, "error_cb": on_error}

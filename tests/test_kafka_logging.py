@@ -1,0 +1,93 @@
+"""librdkafka's lines through Python logging: one line per kind per 30 s, and the
+long-running commands against a broker they cannot reach."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emitter.kafka_broker import free_port
+from emitter.kafka_logging import OncePerInterval, client_logging
+
+
+def _record(message: str, name: str = "t", level: int = logging.WARNING) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, message, (), None)
+
+
+def test_a_kind_passes_once_per_interval_and_then_says_how_many_were_held() -> None:
+    clock = [0.0]
+    only = OncePerInterval(interval_s=30.0, clock=lambda: clock[0])
+    assert only.filter(_record("Connect to 127.0.0.1:1 failed (after 0ms)"))
+    for ms in range(1, 6):
+        clock[0] += 1.0
+        assert not only.filter(_record(f"Connect to 127.0.0.1:1 failed (after {ms}ms)"))
+    clock[0] = 30.0
+    later = _record("Connect to 127.0.0.1:1 failed (after 9ms)")
+    assert only.filter(later)
+    assert later.getMessage().endswith("(and 5 more like it in 30s)")
+    clock[0] = 31.0
+    assert not only.filter(_record("Connect to 127.0.0.1:1 failed (after 1ms)"))
+
+
+def test_other_kinds_and_other_loggers_pass_on_their_own() -> None:
+    clock = [0.0]
+    only = OncePerInterval(interval_s=30.0, clock=lambda: clock[0])
+    assert only.filter(_record("1/1 brokers are down"))
+    assert only.filter(_record("topic t deleted"))
+    assert only.filter(_record("1/1 brokers are down", name="other"))
+    assert not only.filter(_record("2/2 brokers are down"))
+
+
+def test_librdkafka_connection_lines_are_left_to_the_error_callback_unless_debugging() -> None:
+    logger = client_logging("test-client")["logger"]
+    fail = _record("FAIL [rdkafka#producer-1] Connect failed", name=logger.name)
+    fail.levelno = logging.ERROR
+    logger.setLevel(logging.INFO)
+    assert not logger.filter(fail)
+    logger.setLevel(logging.DEBUG)
+    assert logger.filter(fail)
+
+
+UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["emit", "--topic", "t", "--control-topic", "c"],
+        ["demo-producer", "--duration", "60s"],
+    ],
+    ids=["emit", "demo-producer"],
+)
+def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(
+    arguments: list[str], tmp_path: Path
+) -> None:
+    if arguments[0] == "emit":
+        arguments = [*arguments, "--metrics-port", str(free_port())]
+    log = tmp_path / "out.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "emitter.cli", *arguments, "--bootstrap-servers", UNREACHABLE],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        time.sleep(12)  # librdkafka alone wrote about 15 lines a second here
+        assert process.poll() is None, log.read_text()
+        process.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        code = process.wait(timeout=10)
+    assert code == 0, log.read_text()
+    assert time.monotonic() - stopped_at < 10
+    text = log.read_text()
+    lines = text.splitlines()
+    assert "Traceback" not in text
+    assert 1 <= len(lines) <= 6, text
+    assert any("127.0.0.1:1" in line or "transport" in line.lower() for line in lines), text
