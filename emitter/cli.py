@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -98,6 +99,12 @@ def _run_demo_producer(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = stop_on_signals("demo-producer")  # the script checks it between records
+    missing = _missing_topic(args.bootstrap_servers, args.topic, stop)
+    if stop.is_set():
+        return 0
+    if missing:
+        print(f"slackwater demo-producer: {missing}", file=sys.stderr)
+        return 1
     print(f"producing to {args.topic} for {args.duration}", flush=True)
     produce_script(
         args.bootstrap_servers,
@@ -108,6 +115,27 @@ def _run_demo_producer(args: argparse.Namespace) -> int:
         control_topic=args.control_topic,
     )
     return 0
+
+
+def _missing_topic(bootstrap_servers: str, topic: str, stop: threading.Event) -> str | None:
+    """Why the topic cannot be produced to, once the broker answers (None: it exists, or
+    a stop came first). While the broker cannot be reached, keeps asking."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from emitter.kafka_logging import client_logging
+
+    admin = AdminClient({**client_logging("demo-producer"), "bootstrap.servers": bootstrap_servers})
+    while not stop.is_set():
+        try:
+            metadata = admin.list_topics(timeout=2)
+        except KafkaException:
+            admin.poll(0)  # the client's error line says why, once per 30 s
+            continue
+        if topic not in metadata.topics:
+            return f"topic {topic!r} does not exist on {bootstrap_servers}: create it first"
+        return None
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

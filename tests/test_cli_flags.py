@@ -1,5 +1,6 @@
 """Every bad flag of every subcommand: one line naming the flag, a non-zero exit, and no
-traceback (issue 13). Nothing here needs a broker: the flags fail before any connects."""
+traceback (issue 13). Nothing here needs a broker (the flags fail before any connects)
+but the last test: only a broker can say a topic does not exist."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from emitter.kafka_broker import KafkaBroker
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a flag check must not get that far
 CONTROL = ["--bootstrap-servers", NOWHERE, "--control-topic", "c"]
@@ -91,3 +94,18 @@ def test_emit_with_its_metrics_port_in_use_names_the_port(taken_port: int) -> No
     assert result.stderr.strip().count("\n") == 0
     assert f"127.0.0.1:{taken_port}" in result.stderr and "metrics port" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_producer_to_a_topic_that_does_not_exist_is_one_line(broker: KafkaBroker) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "emitter.cli", "demo-producer", "--bootstrap-servers",
+            broker.bootstrap_servers, "--topic", "no-such-topic-here", "--duration", "5s",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"slackwater demo-producer: topic 'no-such-topic-here' does not exist on "
+        f"{broker.bootstrap_servers}: create it first"
+    ]
