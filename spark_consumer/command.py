@@ -16,10 +16,34 @@ EXIT_CONFIG = 2
 def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="settings file (YAML)")
     parser.add_argument("--bootstrap-servers", metavar="HOST:PORT")
-    parser.add_argument("--topic", type=topic_name, metavar="T")
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        type=topic_name,
+        action="append",
+        metavar="T",
+        help="a data topic (repeat for more)",
+    )
+    parser.add_argument("--topic-pattern", metavar="REGEX", help="data topics by regex")
     parser.add_argument("--control-topic", type=topic_name, metavar="C")
     parser.add_argument("--window", dest="window_ms", type=duration, metavar="10s")
-    parser.add_argument("--slide", dest="slide_ms", type=duration, metavar="10s")
+    parser.add_argument(
+        "--slide", dest="slide_ms", type=duration, metavar="5s", help="sliding windows"
+    )
+    parser.add_argument(
+        "--session-gap",
+        dest="session_gap_ms",
+        type=duration,
+        metavar="30s",
+        help="session windows (instead of --window)",
+    )
+    parser.add_argument(
+        "--agg",
+        dest="aggregations",
+        action="append",
+        metavar="FN:FIELD",
+        help="sum, min, max, avg or approx_distinct of a JSON field, e.g. sum:amount (repeat)",
+    )
     parser.add_argument("--max-out-of-orderness", dest="max_out_of_orderness_ms", metavar="2s")
     parser.add_argument(
         "--event-time-field",
@@ -27,68 +51,80 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON field with epoch ms or ISO 8601 (default: Kafka timestamp)",
     )
     parser.add_argument("--key-field", metavar="F", help="JSON field (default: Kafka key)")
-    parser.add_argument("--output", type=directory, metavar="DIR")
+    parser.add_argument("--output", type=directory, metavar="PATH")
     parser.add_argument("--output-format", choices=["json", "parquet"])
-    parser.add_argument("--late-output", type=directory, metavar="DIR")
-    parser.add_argument("--checkpoint", type=directory, metavar="DIR")
+    parser.add_argument("--late-output", type=directory, metavar="PATH")
+    parser.add_argument("--checkpoint", type=directory, metavar="PATH")
     parser.add_argument("--trigger", dest="trigger_ms", type=duration, metavar="1s")
     parser.add_argument("--starting-offsets", choices=["earliest", "latest"])
+    parser.add_argument("--state-store", choices=["rocksdb", "hdfs"])
     parser.add_argument(
-        "--consumer-idle-timeout", dest="consumer_idle_timeout_ms", metavar="off|30s"
+        "--compare",
+        action="store_true",
+        default=None,
+        help="also run plain Spark (its Kafka source, withWatermark) into <output>-plain-spark",
     )
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=port)
     parser.add_argument("--kafka-config", action="append", metavar="KEY=VALUE")
     parser.add_argument("--log-level", type=log_level, default="INFO")
+    parser.add_argument(
+        "--verbose", action="store_true", help="Spark's own log at INFO (default: errors only)"
+    )
 
 
 def run_consume(args: argparse.Namespace) -> int:
     from spark_consumer.config import ConsumerConfig
 
+    verbose = bool(args.verbose)
+    del args.verbose
     try:
         config = config_from_args(ConsumerConfig, args)
     except ConfigError as error:
         print(f"slackwater consume: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.INFO if verbose else logging.WARNING)
     from spark_consumer.java_check import check_java
 
     problem = check_java()
     if problem is not None:
         print(f"slackwater consume: {problem}", file=sys.stderr)
         return 1
-
-    from emitter.http_server import MetricsServer
-    from spark_consumer.metrics import ConsumerMetrics
-    from spark_consumer.pipeline import spark_session, start
-
-    metrics = ConsumerMetrics()
-    server = None
     if config.metrics_port is not None:
         problem = ensure_port_free(config.metrics_host, config.metrics_port)
         if problem is not None:
             print(f"slackwater consume: metrics port: {problem}", file=sys.stderr)
             return 1
+
+    from emitter.http_server import MetricsServer
+    from spark_consumer.consume_job import spark_session, start
+    from spark_consumer.metrics import ConsumeMetrics
+
+    stop = stop_on_signals("consume")
+    spark = spark_session("slackwater-consume", verbose=verbose)
+    job = None
+    metrics = ConsumeMetrics(lambda: job.queries() if job is not None else []).attach(spark)
+    server = None
+    if config.metrics_port is not None:
         server = MetricsServer(
             config.metrics_host, config.metrics_port, metrics.registry, {}
         ).start()
-    stop = stop_on_signals("spark_consumer")
-    spark = spark_session()
-    spark.sparkContext.setLogLevel("WARN")
-    query = start(spark, config, on_batch=metrics.record)
-    metrics.up.set(1)
     try:
-        while not stop.is_set() and query.isActive:
+        job = start(spark, config)
+        while not stop.is_set() and all(q.isActive for q in job.queries()):
             stop.wait(0.5)
-        failure = query.exception()
-        if failure is not None:
-            print(f"slackwater consume: the streaming query failed: {failure}", file=sys.stderr)
-            return 1
+        for query in job.queries():
+            failure = query.exception()
+            if failure is not None:
+                first_line = str(failure).strip().splitlines()[0]
+                print(
+                    f"slackwater consume: the streaming query failed: {first_line}", file=sys.stderr
+                )
+                return 1
         return 0
     finally:
-        metrics.up.set(0)
-        if query.isActive:
-            query.stop()
+        if job is not None:
+            job.stop()
         spark.stop()
         if server is not None:
             server.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -12,24 +12,29 @@ from emitter.settings import parse_duration_ms, parse_key_values
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 _TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# What --agg takes: <function>:<JSON field>.
+AGGREGATIONS = ("sum", "min", "max", "avg", "approx_distinct")
 
 
-def _off_or_duration(value: Any) -> Any:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "")):
-        return None
-    return parse_duration_ms(value)
+def _as_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
 
 
 class ConsumerConfig(BaseModel):
-    """Settings of ``slackwater consume`` and of :func:`spark_consumer.pipeline.start`."""
+    """Settings of ``slackwater consume`` (:mod:`spark_consumer.consume_job`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str = Field(min_length=1)
-    topic: Annotated[str, Field(pattern=_TOPIC)]
+    topics: Annotated[
+        tuple[Annotated[str, Field(pattern=_TOPIC)], ...], BeforeValidator(_as_list)
+    ] = ()
+    topic_pattern: str | None = None
     control_topic: Annotated[str, Field(pattern=_TOPIC)]
-    window_ms: DurationMs
+    window_ms: DurationMs | None = None
     slide_ms: DurationMs | None = None
+    session_gap_ms: DurationMs | None = None
+    aggregations: Annotated[tuple[str, ...], BeforeValidator(_as_list)] = ()
     max_out_of_orderness_ms: Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
     event_time_field: str | None = None
     key_field: str | None = None
@@ -39,7 +44,8 @@ class ConsumerConfig(BaseModel):
     checkpoint: str = Field(min_length=1)
     trigger_ms: DurationMs = 1_000
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    consumer_idle_timeout_ms: Annotated[int | None, BeforeValidator(_off_or_duration)] = None
+    state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
+    compare: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)
     kafka_config: Annotated[dict[str, str], BeforeValidator(parse_key_values)] = Field(
@@ -48,23 +54,35 @@ class ConsumerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConsumerConfig:
-        if self.control_topic == self.topic:
-            raise ValueError("control_topic: must differ from topic")
-        if self.slide_ms is not None and self.slide_ms > self.window_ms:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("topics: give topics or a topic_pattern, not both or neither")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as error:
+                raise ValueError(f"topic_pattern: not a regex: {error}") from None
+        if self.control_topic in self.topics:
+            raise ValueError("control_topic: must differ from the data topics")
+        if (self.window_ms is None) == (self.session_gap_ms is None):
+            raise ValueError("window_ms: give a window or a session_gap, not both or neither")
+        if self.slide_ms is not None and self.window_ms is None:
+            raise ValueError("slide_ms: a session window has no slide")
+        if self.slide_ms is not None and self.window_ms and self.slide_ms > self.window_ms:
             raise ValueError("slide_ms: must not exceed window_ms")
-        if self.slide_ms is not None and self.window_ms % self.slide_ms:
-            raise ValueError("slide_ms: must divide window_ms")
         for name in ("event_time_field", "key_field"):
             value = getattr(self, name)
             if value is not None and not _FIELD.match(value):
                 raise ValueError(f"{name}: a JSON field name like 'ts' or 'user.id'")
+        for aggregation in self.aggregations:
+            function, _, field = aggregation.partition(":")
+            if function not in AGGREGATIONS or not _FIELD.match(field):
+                raise ValueError(
+                    f"aggregations: {aggregation!r} is not <function>:<field> with a function "
+                    f"of {', '.join(AGGREGATIONS)}"
+                )
         return self
 
     @property
-    def effective_slide_ms(self) -> int:
-        return self.slide_ms or self.window_ms
-
-    @property
     def effective_late_output(self) -> str:
-        """Late and unreadable records go here: nothing is dropped silently."""
+        """Dropped and unreadable records go here: nothing is dropped silently."""
         return self.late_output or self.output.rstrip("/") + "-late"

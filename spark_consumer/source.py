@@ -54,9 +54,15 @@ from emitter.kafka_logging import client_logging
 from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.event_time import MAX_EVENT_TIME_MS, UnreadableEventTime, from_json_field
+from spark_consumer.event_time import (
+    MAX_EVENT_TIME_MS,
+    UnreadableEventTime,
+    from_json_field,
+    from_timestamp,
+)
 from spark_consumer.kafka_source import ARROW_SCHEMA as KAFKA_ARROW_SCHEMA
 from spark_consumer.kafka_source import SCHEMA as KAFKA_SCHEMA
+from spark_consumer.late_rows import LATE_ONLY, DroppedRow, LateRule, write_range
 from spark_consumer.valve import MIN_WATERMARK
 
 log = logging.getLogger(__name__)
@@ -152,6 +158,10 @@ class SourceOptions:
     read_timeout_s: float
     max_records_per_arrow_batch: int
     watermark_delay_ms: int = WATERMARK_DELAY_MS
+    # Where readers write the rows the job's aggregation drops (late_rows.py), or None.
+    late_output: str | None = None
+    late_rule: LateRule = LATE_ONLY
+    progress_topic_name: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -184,6 +194,10 @@ class SourceOptions:
                 f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
                 f" {delay_ms} ms"
             )
+        try:
+            late_rule = LateRule.parse(lowered.get("laterule", "late"))
+        except ValueError as error:
+            raise SourceError(f"option 'lateRule': {error}") from None
         max_per_trigger = lowered.get("maxoffsetspertrigger")
         if max_per_trigger is not None and (
             not max_per_trigger.isdigit() or int(max_per_trigger) < 1
@@ -211,6 +225,9 @@ class SourceOptions:
             read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
             max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
             watermark_delay_ms=delay_ms,
+            late_output=lowered.get("lateoutput") or None,
+            late_rule=late_rule,
+            progress_topic_name=lowered.get("progresstopic") or None,
         )
 
     @property
@@ -235,8 +252,9 @@ class SourceOptions:
 
     @property
     def progress_topic(self) -> str:
-        """Where readers report each range's progress: named from the control topic."""
-        return f"{self.control_topic or 'slackwater'}.progress"
+        """Where readers report each range's progress: named from the control topic
+        unless the option ``progressTopic`` names it."""
+        return self.progress_topic_name or f"{self.control_topic or 'slackwater'}.progress"
 
     @property
     def read_committed(self) -> bool:
@@ -266,6 +284,8 @@ class Progress:
     max_offset: int
     late: int
     unreadable: int
+    # Rows written to the late output (the option lateOutput), else 0.
+    dropped: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode()
@@ -281,6 +301,7 @@ class Progress:
             max_offset=int(raw["max_offset"]),
             late=int(raw["late"]),
             unreadable=int(raw["unreadable"]),
+            dropped=int(raw.get("dropped", 0)),
         )
 
 
@@ -540,6 +561,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             _count(plan, "records", seen.records)
             _count(plan, "records_late", seen.late)
             _count(plan, "records_unreadable", seen.unreadable)
+            _count(plan, "records_dropped", seen.dropped)
         # 2. New markers are read, 3. and applied once the read position reaches them.
         self._read_markers(plan, now.control_ends)
         plan.aligner.advance(batch)
@@ -949,7 +971,11 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             "auto.offset.reset": "error",
         }
     )
-    builder = _Builder(split, options.event_time_field)
+    builder = _Builder(
+        split,
+        options.event_time_field,
+        options.late_rule if options.late_output is not None else None,
+    )
     try:
         consumer.assign([TopicPartition(split.topic, split.partition, split.start)])
         position = split.start
@@ -984,6 +1010,17 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             yield builder.flush()
     finally:
         consumer.close()
+    # The rows the job will drop, aside, before the progress that lets the plan go on.
+    if options.late_output is not None:
+        write_range(
+            options.late_output,
+            builder.dropped,
+            topic=split.topic,
+            partition=split.partition,
+            start=split.start,
+            end=split.end,
+            threshold_ms=split.late_threshold_ms,
+        )
     # The range was read whole: its progress goes to the driver, acknowledged before the
     # task ends (a retry or a replay writes the same record again, harmlessly).
     producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
@@ -1025,9 +1062,16 @@ class _Builder:
     running progress. Column-wise on purpose: one comprehension per column costs a
     fraction of one Python call per record (docs/performance.md)."""
 
-    def __init__(self, split: RangePartition, event_time_field: str | None) -> None:
+    def __init__(
+        self,
+        split: RangePartition,
+        event_time_field: str | None,
+        late_rule: LateRule | None = None,
+    ) -> None:
         self.split = split
         self.event_time_field = event_time_field
+        self.late_rule = late_rule
+        self.dropped: list[DroppedRow] = []
         self.records = self.late = self.unreadable = 0
         self.max_event_ms: int | None = None
         self.max_offset = -1
@@ -1076,6 +1120,38 @@ class _Builder:
         self.max_offset = offsets[-1]
         self.event_times += [None if ms is None else ms * 1000 for ms in event_ms]
         self.lates += lates
+        if self.late_rule is not None and any(lates):
+            self._note_dropped(values, stamps, offsets, event_ms, threshold)
+
+    def _note_dropped(
+        self,
+        values: list[bytes | None],
+        stamps: list[tuple[int, int]],
+        offsets: list[int],
+        event_ms: list[int | None],
+        threshold: int,
+    ) -> None:
+        """The rows the job's aggregation will drop, with why (late_rows.py). Only
+        late rows can be dropped, so only consume calls that have one come here."""
+        assert self.late_rule is not None
+        for index, ms in enumerate(event_ms):
+            if ms is None:
+                reason = "unreadable: " + self._why_unreadable(values[index], stamps[index])
+            elif self.late_rule.dropped(ms, threshold):
+                reason = "late"
+            else:
+                continue
+            self.dropped.append(DroppedRow(offsets[index], ms, reason))
+
+    def _why_unreadable(self, value: bytes | None, stamp: tuple[int, int]) -> str:
+        try:
+            if self.event_time_field is None:
+                from_timestamp(*stamp)
+            else:
+                from_json_field(value, self.event_time_field)
+        except UnreadableEventTime as error:
+            return str(error)
+        return "no event time"
 
     def _event_times(
         self, values: list[bytes | None], stamps: list[tuple[int, int]]
@@ -1118,6 +1194,7 @@ class _Builder:
             max_offset=self.max_offset,
             late=self.late,
             unreadable=self.unreadable,
+            dropped=len(self.dropped),
         )
 
 

@@ -166,6 +166,8 @@ _COUNTERS = {
     "records": "Records read (each range once, replays not counted twice).",
     "records_late": "Records whose event time was below the watermark Spark applied.",
     "records_unreadable": "Records without a readable event time (event_time null, late).",
+    "records_dropped": "Records written to the late output (option lateOutput): dropped by "
+    "the job's aggregation, or unreadable.",
     "markers_read": "Markers read from the control topic.",
     "markers_applied": "Markers applied to the valve.",
     "markers_superseded": "IDLE markers contradicted by data at or after their offset.",

@@ -1,0 +1,217 @@
+"""``slackwater consume`` as a Structured Streaming job on the slackwater source.
+
+    Kafka data topics --> slackwater-kafka source (valve watermark as Spark's)
+        --> groupBy(window | session_window, key).agg(count, --agg ...)   [RocksDB state]
+        --> Spark's file sink (JSON lines or Parquet, exactly once via its metadata log)
+    the readers --> late output: rows the aggregation drops, unreadable rows
+                    (one file per source range, exactly once: late_rows.py)
+
+Nothing here keeps state of its own: the window state is Spark's state store, the
+valve's is in the source's checkpointed offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from spark_consumer.config import ConsumerConfig
+from spark_consumer.source import SOURCE_NAME, SlackwaterKafkaSource, with_valve_watermark
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+@dataclass
+class ConsumeJob:
+    """The running job: the window query, and the plain-Spark query beside it (compare)."""
+
+    query: StreamingQuery
+    plain_spark: StreamingQuery | None = None
+
+    def queries(self) -> list[StreamingQuery]:
+        return [q for q in (self.query, self.plain_spark) if q is not None]
+
+    def stop(self) -> None:
+        for query in self.queries():
+            if query.isActive:
+                query.stop()
+
+
+def spark_session(
+    app_name: str = "slackwater", master: str = "local[2]", *, verbose: bool = False
+) -> SparkSession:
+    """A SparkSession for slackwater's jobs: Python workers on this interpreter, UTC,
+    no UI or progress bars, Spark's own Kafka source on the classpath if set-up fetched
+    it (only ``--compare`` and the demo's comparison use it)."""
+    from emitter.jars import SPARK_KAFKA, fetched_jar_files
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    cores = int(master[len("local[") : -1]) if master.startswith("local[") else 2
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
+    return spark
+
+
+def _json_field(field: str) -> Column:
+    return F.get_json_object(F.col("value").cast("string"), f"$.{field}")
+
+
+def _aggregations(config: ConsumerConfig) -> list[Column]:
+    """count, then one column per --agg, named <function>_<field>."""
+    columns = [F.count(F.lit(1)).alias("count")]
+    for aggregation in config.aggregations:
+        function, _, field = aggregation.partition(":")
+        name = aggregation_column(aggregation)
+        value = _json_field(field)
+        if function == "approx_distinct":
+            columns.append(F.approx_count_distinct(value).alias(name))
+        else:
+            numeric = value.cast("double")
+            columns.append(getattr(F, function)(numeric).alias(name))
+    return columns
+
+
+def late_rule(config: ConsumerConfig) -> str:
+    """The source's lateRule for this job's windows (late_rows.py)."""
+    if config.session_gap_ms is not None:
+        return f"session:{config.session_gap_ms}"
+    slide = config.slide_ms or config.window_ms
+    return f"window:{config.window_ms}:{slide}"
+
+
+def events(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
+    """The data topics through the source, with the valve's watermark applied."""
+    spark.dataSource.register(SlackwaterKafkaSource)
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("controlTopic", config.control_topic)
+        .option("maxOutOfOrderness", f"{config.max_out_of_orderness_ms}ms")
+        .option("startingOffsets", config.starting_offsets)
+        .option("lateOutput", config.effective_late_output)
+        .option("lateRule", late_rule(config))
+    )
+    if config.topic_pattern is not None:
+        reader = reader.option("subscribePattern", config.topic_pattern)
+    else:
+        reader = reader.option("subscribe", ",".join(config.topics))
+    if config.event_time_field is not None:
+        reader = reader.option("eventTimeField", config.event_time_field)
+    for key, value in config.kafka_config.items():
+        reader = reader.option(f"kafka.{key}", value)
+    return with_valve_watermark(reader.load())
+
+
+def windows(frame: DataFrame, config: ConsumerConfig) -> DataFrame:
+    """window_start, window_end, key, count and one column per --agg."""
+    key = (
+        _json_field(config.key_field)
+        if config.key_field is not None
+        else F.col("key").cast("string")
+    )
+    if config.session_gap_ms is not None:
+        window = F.session_window("event_time", f"{config.session_gap_ms} milliseconds")
+    elif config.slide_ms is not None:
+        window = F.window(
+            "event_time", f"{config.window_ms} milliseconds", f"{config.slide_ms} milliseconds"
+        )
+    else:
+        window = F.window("event_time", f"{config.window_ms} milliseconds")
+    # Rows without an event time have no window: they are in the late output.
+    readable = frame.filter(F.col("event_time").isNotNull()).withColumn("key", key)
+    return (
+        readable.groupBy(window.alias("window"), "key")
+        .agg(*_aggregations(config))
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "key",
+            "count",
+            *[aggregation_column(a) for a in config.aggregations],
+        )
+    )
+
+
+def aggregation_column(aggregation: str) -> str:
+    """``sum:amount`` -> ``sum_amount`` (a nested field's dots become underscores)."""
+    function, _, field = aggregation.partition(":")
+    return f"{function}_{field.replace('.', '_')}"
+
+
+def start(spark: SparkSession, config: ConsumerConfig) -> ConsumeJob:
+    """Starts the job in ``spark``; the state store is chosen before the first batch."""
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        ROCKSDB if config.state_store == "rocksdb" else HDFS,
+    )
+    query = (
+        windows(events(spark, config), config)
+        .writeStream.outputMode("append")
+        .format(config.output_format)
+        .option("path", config.output)
+        .option("checkpointLocation", _child(config.checkpoint, "windows"))
+        .queryName("slackwater_windows")
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .start()
+    )
+    plain = start_plain_spark(spark, config) if config.compare else None
+    return ConsumeJob(query, plain)
+
+
+def start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQuery:
+    """The same count as a Spark user writes it today: Spark's own Kafka source and its
+    watermark (newest event time over all partitions - delay), into ``<output>-plain-spark``."""
+    from emitter.jars import SPARK_KAFKA, jar_files
+
+    jar_files(SPARK_KAFKA)  # one clear line if set-up did not fetch Spark's Kafka source
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("startingOffsets", config.starting_offsets)
+    )
+    if config.topic_pattern is not None:
+        reader = reader.option("subscribePattern", config.topic_pattern)
+    else:
+        reader = reader.option("subscribe", ",".join(config.topics))
+    frame = reader.load()
+    if config.event_time_field is not None:
+        event_time = F.timestamp_millis(_json_field(config.event_time_field).cast("long"))
+    else:
+        event_time = F.col("timestamp")
+    frame = frame.withColumn("event_time", event_time).withWatermark(
+        "event_time", f"{config.max_out_of_orderness_ms} milliseconds"
+    )
+    return (
+        windows(frame, config)
+        .writeStream.outputMode("append")
+        .format(config.output_format)
+        .option("path", plain_spark_output(config))
+        .option("checkpointLocation", _child(config.checkpoint, "plain-spark"))
+        .queryName("plain_spark")
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .start()
+    )
+
+
+def _child(path: str, name: str) -> str:
+    """A path under a local path or a URI (``s3a://b/ck``), which pathlib would mangle."""
+    return f"{path.rstrip('/')}/{name}"
+
+
+def plain_spark_output(config: ConsumerConfig) -> str:
+    return config.output.rstrip("/") + "-plain-spark"
