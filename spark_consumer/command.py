@@ -125,6 +125,9 @@ def run_consume(args: argparse.Namespace) -> int:
     finally:
         if job is not None:
             job.stop()
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as error:  # the JVM may be going down already
+            logging.getLogger(__name__).debug("spark stop: %s", error)
         if server is not None:
             server.stop()

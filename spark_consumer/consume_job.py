@@ -12,9 +12,14 @@ valve's is in the source's checkpointed offsets.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -23,8 +28,11 @@ from pyspark.sql.streaming.query import StreamingQuery
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.source import SOURCE_NAME, SlackwaterKafkaSource, with_valve_watermark
 
+log = logging.getLogger(__name__)
+
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+QUIET_LOG4J = Path(__file__).parent / "resources" / "log4j2-quiet.properties"
 
 
 @dataclass
@@ -38,9 +46,15 @@ class ConsumeJob:
         return [q for q in (self.query, self.plain_spark) if q is not None]
 
     def stop(self) -> None:
+        """Stops the queries; quietly if Spark is already going down (a Ctrl-C or a
+        SIGTERM to the whole process group reaches the JVM too, and its shutdown hook
+        stops the SparkContext first)."""
         for query in self.queries():
-            if query.isActive:
-                query.stop()
+            try:
+                if query.isActive:
+                    query.stop()
+            except Exception as error:  # py4j errors of a JVM going away
+                log.debug("query stop: %s", error)
 
 
 def spark_session(
@@ -53,10 +67,15 @@ def spark_session(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cores = int(master[len("local[") : -1]) if master.startswith("local[") else 2
+    builder = SparkSession.builder.master(master).appName(app_name)
+    if not verbose:
+        # Before the JVM starts (pyspark passes these to spark-submit): no screen of
+        # WARN lines at start-up, which setLogLevel would only silence afterwards.
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
+        )
     spark = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
+        builder.config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -208,6 +227,16 @@ def start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQ
     )
 
 
+def windows_emitted(progress: Any) -> int:
+    """Window rows a micro-batch wrote: the sink's count where it reports one, else (the
+    file sink reports -1) the rows the aggregation evicted from its state, which in
+    append mode are exactly the rows it emitted."""
+    written = int(progress.sink.numOutputRows)
+    if written >= 0:
+        return written
+    return sum(max(0, int(operator.numRowsRemoved)) for operator in progress.stateOperators)
+
+
 def _child(path: str, name: str) -> str:
     """A path under a local path or a URI (``s3a://b/ck``), which pathlib would mangle."""
     return f"{path.rstrip('/')}/{name}"
@@ -215,3 +244,27 @@ def _child(path: str, name: str) -> str:
 
 def plain_spark_output(config: ConsumerConfig) -> str:
     return config.output.rstrip("/") + "-plain-spark"
+
+
+def committed_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a local JSON file-sink output that Spark committed: the files its
+    metadata log (``_spark_metadata``) lists, never a file a crashed batch left behind.
+    For the demo's summary and for tests; any other reader should use Spark's own."""
+    log = Path(path) / "_spark_metadata"
+    if not log.is_dir():
+        return []
+    files: set[str] = set()
+    for entry in sorted(log.iterdir()):
+        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # line 1 is the log's version
+            record = json.loads(line)
+            if record.get("action", "add") == "add":
+                files.add(record["path"])
+            else:
+                files.discard(record["path"])
+    rows: list[dict[str, Any]] = []
+    for file in sorted(files):
+        local = Path(urllib.parse.unquote(urllib.parse.urlparse(file).path))
+        rows += [json.loads(line) for line in local.read_text().splitlines() if line]
+    return rows

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from spark_consumer.consume_job import windows_emitted
 from spark_consumer.source_metrics import Queries, SourceCollector
 
 PREFIX = "slackwater_consume_"
@@ -50,7 +51,7 @@ class ConsumeMetrics(StreamingQueryListener):
             return
         self.batches.inc()
         self.batch_duration.observe(progress.durationMs.get("triggerExecution", 0) / 1000)
-        self.windows_emitted.inc(max(0, int(progress.sink.numOutputRows)))
+        self.windows_emitted.inc(windows_emitted(progress))
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         pass

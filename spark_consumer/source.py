@@ -43,14 +43,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from confluent_kafka import KafkaException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import BooleanType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from emitter import list_offsets
-from emitter.kafka_logging import client_logging
+from emitter.kafka_logging import OncePerInterval, client_logging
 from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
 from emitter.settings import parse_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -60,12 +71,13 @@ from spark_consumer.event_time import (
     from_json_field,
     from_timestamp,
 )
-from spark_consumer.kafka_source import ARROW_SCHEMA as KAFKA_ARROW_SCHEMA
-from spark_consumer.kafka_source import SCHEMA as KAFKA_SCHEMA
 from spark_consumer.late_rows import LATE_ONLY, DroppedRow, LateRule, write_range
 from spark_consumer.valve import MIN_WATERMARK
 
 log = logging.getLogger(__name__)
+# Repeats while the broker is away: one line per kind per 30 s.
+log_unreachable = logging.getLogger(f"{__name__}.connection")
+log_unreachable.addFilter(OncePerInterval())
 
 SOURCE_NAME = "slackwater-kafka"
 # The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
@@ -79,6 +91,53 @@ LATE = "late"
 OFFSET_VERSION = 1
 # Markers for partitions the broker does not list, kept until the partition appears.
 MAX_HELD_MARKERS = 1_000
+
+# Spark's Kafka source's columns, in its order, then the source's own two.
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("key", StringType()),
+                        StructField("value", BinaryType()),
+                    ]
+                )
+            ),
+        ),
+    ]
+)
+
+KAFKA_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field(
+            "headers",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("key", pa.string()),
+                        pa.field("value", pa.binary()),
+                    ]
+                )
+            ),
+        ),
+    ]
+)
 
 SCHEMA = StructType(
     [
@@ -514,8 +573,16 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     # ---------------------------------------------------------------- offsets
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802
-        self._ensure_progress_topic()
-        counts = self._partition_counts()
+        # Without a broker there is no first offset: ask until it answers, saying so.
+        while True:
+            try:
+                self._admin_client().list_topics(timeout=min(5.0, self.options.request_timeout_s))
+                self._ensure_progress_topic()
+                counts = self._partition_counts()
+                break
+            except KafkaException as error:
+                self._unreachable(error)
+                time.sleep(1.0)
         partitions = [(t, p) for t, count in counts.items() for p in range(count)]
         starting = self._list_offsets(partitions, self.options.starting_offsets, wait_for_all=True)
         data: Offsets = {}
@@ -537,7 +604,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
-        now = self._look()
+        try:
+            now = self._look()
+        except KafkaException as error:
+            self._unreachable(error)
+            return start  # no batch while the broker is away; the query keeps running
         if _nothing_new_since(start, now):
             return start  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
@@ -584,6 +655,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             return start  # nothing new: no batch
         self._cached = (offset["plan_id"], plan.aligner)
         return offset
+
+    def _unreachable(self, error: KafkaException) -> None:
+        log_unreachable.warning(
+            "cannot reach Kafka at %s (%s): no new batch until it answers",
+            self.options.bootstrap_servers,
+            error.args[0].str() if error.args else error,
+        )
 
     def _look(self) -> _BrokerNow:
         """One metadata request and one ListOffsets round for the whole plan: the

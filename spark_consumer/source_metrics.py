@@ -31,12 +31,16 @@ Queries = Callable[[], list[StreamingQuery]]
 
 def source_offsets(query: StreamingQuery) -> list[dict[str, Any]]:
     """The last planned offset of every slackwater source in the query."""
-    progress = query.lastProgress
+    return offsets_in(query.lastProgress)
+
+
+def offsets_in(progress: Any) -> list[dict[str, Any]]:
+    """The planned offset of every slackwater source in one progress report."""
     if not progress:
         return []
     offsets = []
-    for source in progress.get("sources", []):
-        end = source.get("endOffset")
+    for source in progress["sources"] or []:
+        end = source["endOffset"]
         if isinstance(end, str):
             try:
                 end = json.loads(end)
@@ -45,6 +49,18 @@ def source_offsets(query: StreamingQuery) -> list[dict[str, Any]]:
         if isinstance(end, dict) and "aligner" in end and "watermark" in end:
             offsets.append(end)
     return offsets
+
+
+def partitions_of(offset: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """{"topic:partition": (its status at the source, its watermark ms)} in an offset."""
+    watermarks = {
+        channel: watermark
+        for channel, watermark, _status, _aligned in offset["aligner"]["valve"]["channels"]
+    }
+    return {
+        str(channel): (str(status), int(watermarks.get(channel, 0)))
+        for channel, status, *_ in offset["aligner"]["partitions"]
+    }
 
 
 class SourceCollector(Collector):
@@ -142,22 +158,14 @@ class SourceCollector(Collector):
         watermark.add_metric([name], float(offset["watermark"]))
         for candidate in WatermarkStatus:
             status.add_metric([name, candidate.value], float(candidate.value == offset["status"]))
-        channel_watermarks = {
-            channel: channel_watermark
-            for channel, channel_watermark, _status, _aligned in offset["aligner"]["valve"][
-                "channels"
-            ]
-        }
-        for channel, partition_state, *_ in offset["aligner"]["partitions"]:
-            topic, _, partition = str(channel).rpartition(":")
+        for channel, (partition_state, channel_watermark) in partitions_of(offset).items():
+            topic, _, partition = channel.rpartition(":")
             for marker_status in MarkerStatus:
                 partition_status.add_metric(
                     [name, topic, partition, marker_status.value],
                     float(marker_status.value == partition_state),
                 )
-            partition_watermark.add_metric(
-                [name, topic, partition], float(channel_watermarks.get(channel, 0))
-            )
+            partition_watermark.add_metric([name, topic, partition], float(channel_watermark))
 
 
 # Counters kept in the offset (the source's own and the aligner's), cumulative across

@@ -133,12 +133,9 @@ def spark(broker: KafkaBroker) -> Iterator[object]:
 
     It depends on ``broker`` so that it stops first, with the clients its queries hold.
     """
-    from spark_consumer.kafka_source import KafkaDataSource
-    from spark_consumer.pipeline import spark_session
+    from spark_consumer.consume_job import spark_session
 
     session = spark_session("slackwater-tests")
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(KafkaDataSource)
     try:
         yield session
     finally:

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_consumer.source import read_stream
-from tests.pipeline_harness import BASE_MS
+from tests.kafka_writer import BASE_MS
 
 
 @dataclass

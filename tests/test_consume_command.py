@@ -1,121 +1,188 @@
-"""`slackwater consume` as a process: exactly once across SIGKILL and restart."""
+"""`slackwater consume` as a process: exactly once across four SIGKILLs while data keeps
+arriving, its metrics, and a broker it cannot reach."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from emitter.kafka_broker import KafkaBroker, free_port
 from emitter.markers import MarkerStatus
-from spark_consumer.pipeline import load_report_lines
+from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
-from tests.pipeline_harness import Writer
+from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import scrape, wait_while_running
 from tests.test_deploy import deploy_metric_names
 
+KILLS = 4
+SECONDS = 90  # event seconds written, one record per partition each
+LATE_EVERY = 10  # every 10th second, one record 12 s in the past on p0
+
 
 def _consume(
-    broker: KafkaBroker,
-    topic: str,
-    control: str,
-    tmp: Path,
-    log: Path,
-    *,
-    metrics_port: int | None = None,
+    bootstrap: str, topic: str, control: str, tmp: Path, *, log: Path, metrics_port: int
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "emitter.cli",
-            "consume",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--topic",
-            topic,
-            "--control-topic",
-            control,
-            "--window",
-            "5s",
-            "--max-out-of-orderness",
-            "1s",
-            "--trigger",
-            "300ms",
-            "--output",
-            str(tmp / "out"),
-            "--checkpoint",
-            str(tmp / "checkpoint"),
-            "--metrics-port",
-            str(metrics_port or free_port()),
+            sys.executable, "-m", "emitter.cli", "consume",
+            "--bootstrap-servers", bootstrap, "--topic", topic, "--control-topic", control,
+            "--window", "5s", "--max-out-of-orderness", "1s", "--trigger", "300ms",
+            "--output", str(tmp / "out"), "--checkpoint", str(tmp / "checkpoint"),
+            "--metrics-port", str(metrics_port),
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
-    )
+    )  # fmt: skip
 
 
-def test_sigkill_and_restart_give_every_window_exactly_once(
+def _write_while_running(write: Writer, done: threading.Event) -> list[float]:
+    """One record per partition per event second, 0.4 s apart; returns the late seconds."""
+    late: list[float] = []
+    for second in range(SECONDS):
+        write.data(0, second, key="k0")
+        write.data(1, second, key="k1")
+        if second >= 20 and second % LATE_EVERY == 0:
+            write.data(0, second - 12 + 0.5, key="k0")
+            late.append(second - 12 + 0.5)
+        time.sleep(0.4)
+    done.set()
+    return late
+
+
+def _run_and_kill(
+    kills: int, launch: Callable[[], subprocess.Popen[bytes]], output: Path, log: Path
+) -> None:
+    """Starts the job and SIGKILLs its process group ``kills`` times, each time shortly
+    after it committed new output (so inside a later batch, at a random point)."""
+    rng = random.Random(7)
+    for kill in range(kills):
+        before = len(committed_rows(output))
+        process = launch()
+        try:
+            wait_while_running(
+                lambda: len(committed_rows(output)) > before,  # noqa: B023
+                120,
+                f"output before kill {kill + 1}",
+                process,
+                log,
+            )
+            time.sleep(rng.uniform(0.2, 1.5))
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+def _late_rows(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for f in sorted(path.glob("*.json")) for line in f.open()]
+
+
+def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
     broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
-    write = Writer(broker.bootstrap_servers, topic, control)
-    for partition in (0, 1):
-        write.data(partition, *range(0, 10), key=f"k{partition}")
+    bootstrap = broker.bootstrap_servers
+    write = Writer(bootstrap, topic, control)
     log = tmp_path / "consumer.log"
-    out = tmp_path / "out"
-    first = _consume(broker, topic, control, tmp_path, log)
-    try:
-        wait_while_running(
-            lambda: list(out.glob("batch-*")), 120, "a first output batch", first, log
-        )
-        for second in range(10, 40):
-            for partition in (0, 1):
-                write.data(partition, second, key=f"k{partition}")
-            if second == 20:
-                time.sleep(1.0)  # let a batch start, then kill it somewhere inside
-                os.killpg(first.pid, signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+    done = threading.Event()
+    late_seconds: list[float] = []
+    writer = threading.Thread(
+        target=lambda: late_seconds.extend(_write_while_running(write, done)), daemon=True
+    )
+    writer.start()
+    _run_and_kill(
+        KILLS,
+        lambda: _consume(bootstrap, topic, control, tmp_path, log=log, metrics_port=free_port()),
+        tmp_path / "out",
+        log,
+    )
+    writer.join(120)
+    assert done.is_set()
     metrics_port = free_port()
-    second_run = _consume(broker, topic, control, tmp_path, log, metrics_port=metrics_port)
+    final = _consume(bootstrap, topic, control, tmp_path, log=log, metrics_port=metrics_port)
     try:
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)
-        expected_windows = 2 * 8  # [0, 5) .. [35, 40) for two keys
+        windows_expected = 2 * (SECONDS // 5)
         wait_while_running(
-            lambda: len(load_report_lines(out)) >= expected_windows,
+            lambda: len(committed_rows(tmp_path / "out")) >= windows_expected,
             180,
             "every window",
-            second_run,
+            final,
             log,
         )
-        time.sleep(2)  # any duplicate would be written by now
-        rows = load_report_lines(out)
-        keys = Counter((r["window_start"], r["key"]) for r in rows)
-        assert all(n == 1 for n in keys.values()), keys  # exactly once
-        assert len(rows) == expected_windows
-        assert all(r["count"] == 5 for r in rows)
-        assert not list((tmp_path / "out-late").glob("batch-*"))  # nothing late
-        metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
-        assert metrics["slackwater_consumer_up"] == 1
-        assert metrics['slackwater_consumer_valve_status{status="FINISHED"}'] == 1
-        assert metrics["slackwater_consumer_valve_watermark_ms"] == float(2**63 - 1)
-        assert metrics["slackwater_consumer_records_late_total"] == 0
-        assert metrics["slackwater_consumer_markers_applied"] == 2
-        assert metrics["slackwater_consumer_windows_emitted_total"] >= 1
-        # Every consumer series the Grafana dashboard and the alert rules query exists.
-        exported = {name.split("{")[0] for name in metrics}
-        wanted = {n for n in deploy_metric_names() if n.startswith("slackwater_consumer_")}
-        assert wanted and wanted <= exported, wanted - exported
-        second_run.terminate()  # SIGTERM to the driver alone, as a supervisor would
-        assert second_run.wait(60) == 0
+        time.sleep(2)  # a duplicate would be written by now
+        rows = committed_rows(tmp_path / "out")
+        where = Counter((r["window_start"], r["key"]) for r in rows)
+        assert all(n == 1 for n in where.values()), where  # each window and key once
+        assert len(rows) == windows_expected
+        late_output = _late_rows(tmp_path / "out-late")
+        late_offsets = [(r["partition"], r["offset"]) for r in late_output]
+        assert len(late_offsets) == len(set(late_offsets))  # no late row twice
+        # Each record is in exactly one place: its window's count or the late output.
+        counted_late = len(late_seconds) - len(late_output)
+        assert sum(int(r["count"]) for r in rows) == 2 * SECONDS + counted_late
+        for row in rows:
+            start_s = (_ms(str(row["window_start"])) - BASE_MS) / 1000
+            in_window_late = [s for s in late_seconds if start_s <= s < start_s + 5]
+            if row["key"] == "k1" or not in_window_late:
+                assert row["count"] == 5, row
+            else:
+                assert 5 <= row["count"] <= 5 + len(in_window_late), row
+        assert {r["reason"] for r in late_output} <= {"late"}
+        _check_metrics(metrics_port, dropped=len(late_output))
+        final.terminate()  # SIGTERM to the driver alone, as a supervisor would
+        assert final.wait(60) == 0
     finally:
-        if second_run.poll() is None:
-            os.killpg(second_run.pid, signal.SIGKILL)
+        if final.poll() is None:
+            os.killpg(final.pid, signal.SIGKILL)
+
+
+def _check_metrics(port: int, *, dropped: int) -> None:
+    metrics = scrape(f"http://127.0.0.1:{port}/metrics")
+    query = 'query="slackwater_windows"'
+    assert metrics[f"slackwater_source_up{{{query}}}"] == 1
+    assert metrics[f'slackwater_source_valve_status{{{query},status="FINISHED"}}'] == 1
+    assert metrics[f"slackwater_source_records_dropped_total{{{query}}}"] == dropped
+    assert metrics["slackwater_consume_windows_emitted_total"] >= 1
+    # Every consumer series the Grafana dashboard and the alert rules query exists.
+    exported = {name.split("{")[0] for name in metrics}
+    wanted = {
+        name
+        for name in deploy_metric_names()
+        if name.startswith(("slackwater_source_", "slackwater_consume_"))
+    }
+    assert wanted and wanted <= exported, wanted - exported
+
+
+def _ms(iso: str) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(tmp_path: Path) -> None:
+    log = tmp_path / "consume.log"
+    process = _consume("127.0.0.1:1", "t", "c", tmp_path, log=log, metrics_port=free_port())
+    try:
+        time.sleep(25)  # the JVM starts, then the source cannot plan
+        assert process.poll() is None, log.read_text()
+        process.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        assert process.wait(timeout=15) == 0, log.read_text()[-3000:]
+        assert time.monotonic() - stopped_at < 10
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert len(text.splitlines()) <= 8, text

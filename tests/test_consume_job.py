@@ -21,7 +21,7 @@ from emitter.markers import MarkerStatus
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import ConsumeJob, start
 from tests.conftest import TopicFactory
-from tests.pipeline_harness import BASE_MS, Writer
+from tests.kafka_writer import BASE_MS, Writer
 
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
 

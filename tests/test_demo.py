@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_consumer.pipeline import load_report_lines
+from spark_consumer.consume_job import committed_rows
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +42,11 @@ def test_demo_runs_the_main_job_with_no_late_records_where_plain_spark_loses_som
     markers = re.search(r"markers published\s+(\{.*\})", summary)
     assert markers is not None
     assert "'IDLE': 0" not in markers.group(1) and "'FINISHED': 0" not in markers.group(1)
-    windows = load_report_lines(tmp_path / "windows")
+    windows = committed_rows(tmp_path / "windows")
     assert windows and all(row["count"] > 0 for row in windows)
-    assert not list((tmp_path / "windows-late").glob("batch-*"))
+    keys = [(row["window_start"], row["key"]) for row in windows]
+    assert len(keys) == len(set(keys))  # each window and key once
+    assert not list((tmp_path / "windows-late").glob("*.json"))  # nothing dropped
     chart = tmp_path / "slackwater-demo.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"chart                   {chart}" in summary

@@ -17,7 +17,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from emitter.kafka_broker import KafkaBroker
 from emitter.markers import MarkerStatus
 from tests.conftest import TopicFactory
-from tests.pipeline_harness import BASE_MS, Writer
+from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import wait_while_running
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -22,7 +22,7 @@ from emitter.kafka_broker import KafkaBroker, free_port
 from emitter.markers import EpochClaim, Marker, MarkerStatus, encode
 from tests.conftest import TopicFactory
 from tests.emitter_harness import DEADLINE_S, control_markers
-from tests.pipeline_harness import Writer
+from tests.kafka_writer import Writer
 from tests.process_harness import scrape, wait_while_running
 from tests.source_harness import events, window_job
 

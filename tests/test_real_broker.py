@@ -160,7 +160,8 @@ def _log_end(bootstrap: str, topic: str, partition: int) -> int:
 def test_idle_marker_after_committed_and_aborted_transactions_applies_at_the_offset_gap(
     spark: Any, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Any
 ) -> None:
-    from tests.pipeline_harness import BASE_MS, Writer, run_pipeline
+    from tests.kafka_writer import BASE_MS, Writer
+    from tests.source_harness import events, window_job
 
     topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
     write = Writer(broker.bootstrap_servers, topic, control)
@@ -190,28 +191,30 @@ def test_idle_marker_after_committed_and_aborted_transactions_applies_at_the_off
     log_end = _log_end(broker.bootstrap_servers, topic, 0)
     assert log_end == 10  # the offset gaps are real: 7 data records, 3 control records
 
-    run = run_pipeline(
+    frame = events(
         spark,
-        tmp_path,
-        bootstrap_servers=broker.bootstrap_servers,
-        topic=topic,
-        control_topic=control,
+        broker.bootstrap_servers,
+        [topic],
+        control,
         kafka_config={"isolation.level": "read_committed"},
     )
+    job = window_job(spark, frame, tmp_path)
     try:
-        run.settle()
+        job.settle()
         # p0 is ACTIVE: its newest committed record (6 s) holds the valve at 5 s.
-        assert run.watermark == BASE_MS + 5_000
+        assert job.source_offset()["watermark"] == BASE_MS + 5_000
         # What the emitter publishes for a quiet p0: IDLE at the log end, past the gap.
         write.marker(0, IDLE, offset=log_end)
-        run.wait_for(lambda r: r.watermark == BASE_MS + 18_000, 60, "IDLE applied at 10")
-        run.settle()
+        job.settle()
+        assert job.source_offset()["watermark"] == BASE_MS + 18_000  # IDLE applied at 10
+        job.settle()
         # The aborted records (3 s, 4 s) count nowhere; nothing was late.
-        assert run.window_counts() == {(0, 5): 3 + 5, (5, 10): 2 + 5, (10, 15): 5}
-        assert sum(r.records for r in run.reports) == 5 + 20
-        assert sum(r.late for r in run.reports) == 0 and run.late() == []
+        assert job.windows() == {(0, 5): 3 + 5, (5, 10): 2 + 5, (10, 15): 5}
+        counters = job.source_offset()["counters"]
+        assert counters["records"] == 5 + 20
+        assert counters.get("records_late", 0) == 0
     finally:
-        run.stop()
+        job.stop()
         producer.flush(10)
 
 
@@ -339,7 +342,7 @@ def test_partitions_added_to_a_watched_topic_are_watched_and_marked(
 def test_partitions_added_while_spark_reads_join_the_valve(
     spark: Any, broker: KafkaBroker, admin: AdminClient, new_topic: TopicFactory, tmp_path: Any
 ) -> None:
-    from tests.pipeline_harness import BASE_MS, Writer
+    from tests.kafka_writer import BASE_MS, Writer
     from tests.source_harness import events, window_job
 
     topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")

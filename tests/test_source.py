@@ -23,7 +23,7 @@ from spark_consumer.source import (
 )
 from spark_consumer.source_metrics import serve_source_metrics
 from tests.conftest import TopicFactory
-from tests.pipeline_harness import BASE_MS, Writer
+from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import scrape
 from tests.source_harness import events, window_job
 
