@@ -59,6 +59,12 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--starting-offsets", choices=["earliest", "latest"])
     parser.add_argument("--state-store", choices=["rocksdb", "hdfs"])
     parser.add_argument(
+        "--consumer-idle-timeout",
+        dest="consumer_idle_timeout_ms",
+        metavar="off|30s",
+        help="without an emitter: a partition with no records this long is IDLE (default off)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         default=None,

@@ -16,6 +16,12 @@ _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 AGGREGATIONS = ("sum", "min", "max", "avg", "approx_distinct")
 
 
+def _off_or_duration(value: object) -> object:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "")):
+        return None
+    return parse_duration_ms(value)
+
+
 def _as_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
@@ -45,6 +51,7 @@ class ConsumerConfig(BaseModel):
     trigger_ms: DurationMs = 1_000
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
+    consumer_idle_timeout_ms: Annotated[int | None, BeforeValidator(_off_or_duration)] = None
     compare: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)

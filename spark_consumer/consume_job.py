@@ -131,6 +131,8 @@ def events(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
         reader = reader.option("subscribe", ",".join(config.topics))
     if config.event_time_field is not None:
         reader = reader.option("eventTimeField", config.event_time_field)
+    if config.consumer_idle_timeout_ms is not None:
+        reader = reader.option("consumerIdleTimeout", f"{config.consumer_idle_timeout_ms}ms")
     for key, value in config.kafka_config.items():
         reader = reader.option(f"kafka.{key}", value)
     return with_valve_watermark(reader.load())

@@ -221,6 +221,8 @@ class SourceOptions:
     late_output: str | None = None
     late_rule: LateRule = LATE_ONLY
     progress_topic_name: str | None = None
+    # Flink's withIdleness as a fallback without an emitter (DESIGN §6), or None (off).
+    consumer_idle_timeout_ms: int | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -257,6 +259,13 @@ class SourceOptions:
             late_rule = LateRule.parse(lowered.get("laterule", "late"))
         except ValueError as error:
             raise SourceError(f"option 'lateRule': {error}") from None
+        idle_timeout = lowered.get("consumeridletimeout", "off").strip().lower()
+        try:
+            idle_timeout_ms = None if idle_timeout == "off" else parse_duration_ms(idle_timeout)
+        except ValueError as error:
+            raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
+        if idle_timeout_ms is not None and idle_timeout_ms < 1:
+            raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
         max_per_trigger = lowered.get("maxoffsetspertrigger")
         if max_per_trigger is not None and (
             not max_per_trigger.isdigit() or int(max_per_trigger) < 1
@@ -287,6 +296,7 @@ class SourceOptions:
             late_output=lowered.get("lateoutput") or None,
             late_rule=late_rule,
             progress_topic_name=lowered.get("progresstopic") or None,
+            consumer_idle_timeout_ms=idle_timeout_ms,
         )
 
     @property
@@ -609,7 +619,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         except KafkaException as error:
             self._unreachable(error)
             return start  # no batch while the broker is away; the query keeps running
-        if _nothing_new_since(start, now):
+        if _nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 1. The previous batch's progress advances the channels' watermarks; its end
@@ -635,7 +645,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             _count(plan, "records_dropped", seen.dropped)
         # 2. New markers are read, 3. and applied once the read position reaches them.
         self._read_markers(plan, now.control_ends)
-        plan.aligner.advance(batch)
+        # The consumer-side idle timeout (off by default) counts wall time between plans;
+        # a replay uses the logged offset, so this never makes a replay differ.
+        now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
+        plan.aligner.advance(batch, now_ms)
         # 4. The data to read next; partitions that appeared join as new channels.
         ends = self._data_ends(plan, limit, now)
         plan.aligner.ensure_partitions(
@@ -689,6 +702,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner = cached[1]  # the state this planner left in that offset: no restore
         else:
             aligner = MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of)
+        # The option as the query runs now (it may have changed since the checkpoint).
+        aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         self._cached = None  # mutated from here on
         return _Plan(
             data={t: dict(p) for t, p in offset["data"].items()},
@@ -701,7 +716,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def _new_aligner(self) -> MarkerAligner:
         return MarkerAligner(
-            None, self.options.max_out_of_orderness_ms, channel_of=self._channel_of
+            None,
+            self.options.max_out_of_orderness_ms,
+            consumer_idle_timeout_ms=self.options.consumer_idle_timeout_ms,
+            channel_of=self._channel_of,
         )
 
     def _channel_of(self, marker: Marker) -> str | None:

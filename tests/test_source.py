@@ -21,7 +21,7 @@ from spark_consumer.source import (
     SourceOptions,
     with_valve_watermark,
 )
-from spark_consumer.source_metrics import serve_source_metrics
+from spark_consumer.source_metrics import partitions_of, serve_source_metrics
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import scrape
@@ -274,6 +274,46 @@ def test_subscribe_pattern_and_max_offsets_per_trigger(
         rows_per_batch = [p["numInputRows"] for p in job.query.recentProgress]
         assert max(rows_per_batch) <= 11 and offset["counters"]["records"] == 40
         assert job.windows() == {(0, 5): 10, (5, 10): 10, (10, 15): 10}
+    finally:
+        job.stop()
+
+
+def test_consumer_idle_timeout_idles_a_silent_partition_without_an_emitter(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """The fallback of DESIGN §6 (Flink's withIdleness): no control topic, no marker; a
+    partition that gets no record for the timeout leaves the minimum."""
+    import time
+
+    topic = new_topic(partitions=2)
+    write = Writer(broker.bootstrap_servers, topic, "unused")
+    write.data(0, *range(0, 21))
+    write.data(1, 0, 1, 2)  # then silent
+    spark.dataSource.register(SlackwaterKafkaSource)
+    frame = (
+        spark.readStream.format("slackwater-kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("maxOutOfOrderness", "1s")
+        .option("consumerIdleTimeout", "2s")
+        .load()
+    )
+    job = window_job(spark, with_valve_watermark(frame), tmp_path)
+    try:
+        job.settle()
+        assert job.source_offset()["watermark"] == BASE_MS + 1_000  # p1 holds the minimum
+        assert job.windows() == {}
+        deadline = time.monotonic() + 30
+        while job.source_offset()["watermark"] != BASE_MS + 19_000:
+            assert time.monotonic() < deadline, job.source_offset()["watermark"]
+            time.sleep(0.5)
+        job.settle()
+        assert job.windows() == {(0, 5): 5 + 3, (5, 10): 5, (10, 15): 5}
+        # Data on the idled partition makes it ACTIVE again (data beats the timeout).
+        write.data(1, 22)
+        job.settle()
+        statuses = {c: status for c, (status, _) in partitions_of(job.source_offset()).items()}
+        assert statuses[f"{topic}:1"] == "ACTIVE"
     finally:
         job.stop()
 
