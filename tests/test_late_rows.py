@@ -43,16 +43,15 @@ def test_a_bad_rule_is_one_error(bad: str) -> None:
 
 def test_one_file_per_range_and_a_replay_rewrites_the_same_file(tmp_path: Path) -> None:
     rows = [DroppedRow(4, 1_700_000_003_000, "late"), DroppedRow(5, None, "unreadable: x")]
-    where = {
-        "topic": "orders",
-        "partition": 2,
-        "start": 0,
-        "end": 9,
-        "threshold_ms": 1_700_000_012_000,
+    def write(directory: Path, rows: list[DroppedRow]) -> None:
+        write_range(
+            str(directory), rows, topic="orders", partition=2, start=0, end=9,
+            threshold_ms=1_700_000_012_000,
+        )  # fmt: skip
     }
-    write_range(str(tmp_path), rows, **where)
+    write(tmp_path, rows)
     first = (tmp_path / "orders-2-0-9.json").read_bytes()
-    write_range(str(tmp_path), rows, **where)  # a task retry, a batch replay
+    write(tmp_path, rows)  # a task retry, a batch replay
     assert [p.name for p in tmp_path.iterdir()] == ["orders-2-0-9.json"]
     assert (tmp_path / "orders-2-0-9.json").read_bytes() == first
     lines = [json.loads(line) for line in first.decode().splitlines()]
@@ -62,5 +61,5 @@ def test_one_file_per_range_and_a_replay_rewrites_the_same_file(tmp_path: Path) 
         {"topic": "orders", "partition": 2, "offset": 5, "event_time": None,
          "reason": "unreadable: x", "watermark": "2023-11-14T22:13:32.000Z"},
     ]  # fmt: skip
-    write_range(str(tmp_path / "none"), [], **where)
+    write(tmp_path / "none", [])
     assert not (tmp_path / "none").exists()  # nothing dropped, nothing written
