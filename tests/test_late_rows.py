@@ -43,12 +43,13 @@ def test_a_bad_rule_is_one_error(bad: str) -> None:
 
 def test_one_file_per_range_and_a_replay_rewrites_the_same_file(tmp_path: Path) -> None:
     rows = [DroppedRow(4, 1_700_000_003_000, "late"), DroppedRow(5, None, "unreadable: x")]
+
     def write(directory: Path, rows: list[DroppedRow]) -> None:
         write_range(
             str(directory), rows, topic="orders", partition=2, start=0, end=9,
             threshold_ms=1_700_000_012_000,
         )  # fmt: skip
-    }
+
     write(tmp_path, rows)
     first = (tmp_path / "orders-2-0-9.json").read_bytes()
     write(tmp_path, rows)  # a task retry, a batch replay
