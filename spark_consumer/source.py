@@ -33,6 +33,7 @@ replay plans the same row and a restart continues from it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -355,6 +356,8 @@ class Progress:
     unreadable: int
     # Rows written to the late output (the option lateOutput), else 0.
     dropped: int = 0
+    # Spark's id of the batch that read the range (its task's local property).
+    batch_id: int | None = None
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode()
@@ -371,6 +374,7 @@ class Progress:
             late=int(raw["late"]),
             unreadable=int(raw["unreadable"]),
             dropped=int(raw.get("dropped", 0)),
+            batch_id=None if raw.get("batch_id") is None else int(raw["batch_id"]),
         )
 
 
@@ -393,15 +397,54 @@ class RangePartition(InputPartition):
     partition: int
     start: int
     end: int
+    # The watermark Spark evicts state by in this batch (the previous batch's plan).
     late_threshold_ms: int
+    # The one before it, and Spark's id of the batch that planned it: with this batch's
+    # id they give the watermark Spark judges late rows by (late_events_watermark).
+    previous_threshold_ms: int = MIN_WATERMARK
+    previous_batch_id: int | None = None
 
 
 @dataclass(frozen=True)
 class SyntheticPartition(InputPartition):
-    """The batch's one synthetic row: event time V + D (DESIGN §6)."""
+    """The batch's one synthetic row: event time V + D (DESIGN §6). Its task also
+    reports Spark's batch id, for a batch that read no range."""
 
     planned_watermark_ms: int
     watermark_delay_ms: int
+    progress_key: str = ""
+
+
+def late_events_watermark(split: RangePartition, batch_id: int | None) -> int:
+    """The watermark Spark's first stateful operator drops late rows by in this batch.
+
+    Since Spark 3.4 (SPARK-40925) a batch evicts state by its own watermark but judges
+    late input by the watermark of the batch Spark ran just before it. That is the
+    batch this source planned before (whose watermark was ``previous_threshold_ms``),
+    unless Spark ran a no-data batch in between (the batch ids are not consecutive),
+    whose watermark is already this batch's (``late_threshold_ms``):
+
+        plans:      ...  D(k-1)                     D(k)
+        Spark:      ...  D(k-1) [no-data batch(es)] D(k)
+        late by:    D(k-1)'s watermark  if D(k) directly follows D(k-1)
+                    D(k)'s watermark    if a no-data batch ran between them
+
+    Unknown ids (an offset from an older version): this batch's watermark, as before.
+    """
+    if batch_id is None or split.previous_batch_id is None:
+        return split.late_threshold_ms
+    if batch_id > split.previous_batch_id + 1:
+        return split.late_threshold_ms
+    return split.previous_threshold_ms
+
+
+def _spark_batch_id() -> int | None:
+    """Spark's id of the micro-batch this task runs in (a local property of the task)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+    return int(value) if value is not None else None
 
 
 # ---------------------------------------------------------------------------- source
@@ -628,6 +671,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         waited_from = time.monotonic()
         progress = self._wait_for_progress(ranges, start, plan)
         plan.progress_wait_ms = int((time.monotonic() - waited_from) * 1000)
+        batch_ids = [seen.batch_id for seen in progress.values() if seen.batch_id is not None]
+        start_batch_id = max(batch_ids) if batch_ids else None
+        progress.pop(("", -1), None)
         batch: dict[Any, PartitionBatch] = {}
         for topic, partitions in plan.data.items():
             for partition, read_position in partitions.items():
@@ -663,6 +709,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             late_threshold=int(start["watermark"]),
             data=ends,
         )
+        # What the readers need to tell the watermark Spark judges late rows by.
+        offset["previous_threshold"] = int(start["late_threshold"])
+        offset["previous_batch_id"] = start_batch_id
         if _same_batch(start, offset):
             self._cached = (start.get("plan_id", ""), plan.aligner)  # still start's state
             return start  # nothing new: no batch
@@ -846,10 +895,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     ) -> dict[tuple[str, int], Progress]:
         from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-        if not ranges:
-            return {}
         threshold = int(start["late_threshold"])
-        wanted = {
+        wanted: dict[str, tuple[str, int]] = {
             progress_key(
                 topic=t,
                 partition=p,
@@ -860,6 +907,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             ): (t, p)
             for t, p, a, b in ranges
         }
+        if int(start["watermark"]) > MIN_WATERMARK and "previous_threshold" in start:
+            # The batch's synthetic task reports Spark's batch id (ranges do too); an
+            # offset planned before it did (no "previous_threshold") has no such record.
+            wanted[synthetic_progress_key(str(start["plan_id"]))] = ("", -1)
+        if not wanted:
+            return {}
         found: dict[tuple[str, int], Progress] = {}
         if self._progress_consumer is None:
             self._progress_consumer = self._consumer()
@@ -909,8 +962,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         threshold = int(end["late_threshold"])  # == start["watermark"]
+        previous = int(end.get("previous_threshold", threshold))
+        previous_batch_id = end.get("previous_batch_id")
         result: list[InputPartition] = [
-            RangePartition(topic, partition, begin, finish, threshold)
+            RangePartition(topic, partition, begin, finish, threshold, previous, previous_batch_id)
             for topic, partition, begin, finish in _ranges(end["from"], end["data"])
         ]
         planned = int(end["watermark"])
@@ -919,6 +974,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 SyntheticPartition(
                     min(planned, self.options.max_planned_watermark_ms),
                     self.options.watermark_delay_ms,
+                    synthetic_progress_key(str(end.get("plan_id", ""))),
                 )
             )
         return result
@@ -941,9 +997,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SyntheticPartition):
-            return iter(
-                [_synthetic_batch(partition.planned_watermark_ms, partition.watermark_delay_ms)]
-            )
+            return read_synthetic(self.options, partition)
         assert isinstance(partition, RangePartition)
         return read_range(self.options, partition)
 
@@ -1067,9 +1121,11 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             "auto.offset.reset": "error",
         }
     )
+    batch_id = _spark_batch_id()
     builder = _Builder(
         split,
         options.event_time_field,
+        late_events_watermark(split, batch_id),
         options.late_rule if options.late_output is not None else None,
     )
     try:
@@ -1115,7 +1171,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             partition=split.partition,
             start=split.start,
             end=split.end,
-            threshold_ms=split.late_threshold_ms,
+            threshold_ms=builder.threshold_ms,
         )
     # The range was read whole: its progress goes to the driver, acknowledged before the
     # task ends (a retry or a replay writes the same record again, harmlessly).
@@ -1128,9 +1184,30 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         late_threshold_ms=split.late_threshold_ms,
         event_time=options.event_time_field or "timestamp",
     )
-    producer.produce(options.progress_topic, key=key.encode(), value=builder.progress().encode())
+    progress = dataclasses.replace(builder.progress(), batch_id=batch_id)
+    producer.produce(options.progress_topic, key=key.encode(), value=progress.encode())
     if producer.flush(options.request_timeout_s) != 0:
         raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
+
+
+def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterator[pa.RecordBatch]:
+    """The synthetic row, then Spark's batch id to the planner (as a range's progress)."""
+    from confluent_kafka import Producer
+
+    yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
+    if not split.progress_key:
+        return
+    producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
+    progress = Progress(0, None, -1, 0, 0, batch_id=_spark_batch_id())
+    producer.produce(
+        options.progress_topic, key=split.progress_key.encode(), value=progress.encode()
+    )
+    if producer.flush(options.request_timeout_s) != 0:
+        raise SourceError(f"progress of {split.progress_key} not acknowledged")
+
+
+def synthetic_progress_key(plan_id: str) -> str:
+    return f"synthetic:{plan_id}"
 
 
 def _records_before(messages: list[Any], split: RangePartition, position: int) -> list[Any]:
@@ -1162,10 +1239,13 @@ class _Builder:
         self,
         split: RangePartition,
         event_time_field: str | None,
+        threshold_ms: int,
         late_rule: LateRule | None = None,
     ) -> None:
         self.split = split
         self.event_time_field = event_time_field
+        # The watermark Spark judges this range's rows late by (late_events_watermark).
+        self.threshold_ms = threshold_ms
         self.late_rule = late_rule
         self.dropped: list[DroppedRow] = []
         self.records = self.late = self.unreadable = 0
@@ -1201,7 +1281,7 @@ class _Builder:
             for raw in (m.headers() for m in messages)
         ]
         event_ms = self._event_times(values, stamps)
-        threshold = self.split.late_threshold_ms
+        threshold = self.threshold_ms
         # No event time: the row is late (it cannot be placed in event time), counted.
         lates = [ms is None or ms < threshold for ms in event_ms]
         readable = [ms for ms in event_ms if ms is not None]

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from emitter.kafka_broker import KafkaBroker, free_port
@@ -24,7 +25,6 @@ from tests.process_harness import scrape, wait_while_running
 from tests.test_deploy import deploy_metric_names
 
 KILLS = 4
-SECONDS = 90  # event seconds written, one record per partition each
 LATE_EVERY = 10  # every 10th second, one record 12 s in the past on p0
 
 
@@ -45,18 +45,25 @@ def _consume(
     )  # fmt: skip
 
 
-def _write_while_running(write: Writer, done: threading.Event) -> list[float]:
-    """One record per partition per event second, 0.4 s apart; returns the late seconds."""
-    late: list[float] = []
-    for second in range(SECONDS):
+@dataclass
+class Written:
+    seconds: int = 0  # event seconds written: one record per partition each
+    late: list[float] = field(default_factory=list)  # event times of the past records
+
+
+def _write_until(write: Writer, stop: threading.Event, written: Written) -> None:
+    """One record per partition per event second, 0.4 s apart, in whole 5-second
+    windows, until ``stop``: data keeps arriving through every kill."""
+    for second in range(400):
         write.data(0, second, key="k0")
         write.data(1, second, key="k1")
         if second >= 20 and second % LATE_EVERY == 0:
             write.data(0, second - 12 + 0.5, key="k0")
-            late.append(second - 12 + 0.5)
+            written.late.append(second - 12 + 0.5)
+        written.seconds = second + 1
+        if written.seconds % 5 == 0 and stop.is_set():
+            return
         time.sleep(0.4)
-    done.set()
-    return late
 
 
 def _run_and_kill(
@@ -93,11 +100,8 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
     bootstrap = broker.bootstrap_servers
     write = Writer(bootstrap, topic, control)
     log = tmp_path / "consumer.log"
-    done = threading.Event()
-    late_seconds: list[float] = []
-    writer = threading.Thread(
-        target=lambda: late_seconds.extend(_write_while_running(write, done)), daemon=True
-    )
+    stop, written = threading.Event(), Written()
+    writer = threading.Thread(target=_write_until, args=(write, stop, written), daemon=True)
     writer.start()
     _run_and_kill(
         KILLS,
@@ -105,14 +109,16 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
         tmp_path / "out",
         log,
     )
-    writer.join(120)
-    assert done.is_set()
+    stop.set()
+    writer.join(60)
+    assert not writer.is_alive()
+    late_seconds = written.late
     metrics_port = free_port()
     final = _consume(bootstrap, topic, control, tmp_path, log=log, metrics_port=metrics_port)
     try:
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)
-        windows_expected = 2 * (SECONDS // 5)
+        windows_expected = 2 * (written.seconds // 5)
         wait_while_running(
             lambda: len(committed_rows(tmp_path / "out")) >= windows_expected,
             180,
@@ -130,7 +136,7 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
         assert len(late_offsets) == len(set(late_offsets))  # no late row twice
         # Each record is in exactly one place: its window's count or the late output.
         counted_late = len(late_seconds) - len(late_output)
-        assert sum(int(r["count"]) for r in rows) == 2 * SECONDS + counted_late
+        assert sum(int(r["count"]) for r in rows) == 2 * written.seconds + counted_late
         for row in rows:
             start_s = (_ms(str(row["window_start"])) - BASE_MS) / 1000
             in_window_late = [s for s in late_seconds if start_s <= s < start_s + 5]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from spark_consumer.source import WATERMARK_DELAY_MS, SourceError, SourceOptions
+from spark_consumer.source import (
+    WATERMARK_DELAY_MS,
+    RangePartition,
+    SourceError,
+    SourceOptions,
+    late_events_watermark,
+)
 
 BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
 
@@ -37,3 +43,16 @@ def test_watermark_delay_defaults_to_the_delay_that_makes_the_valve_alone_set_th
     assert one_hour.watermark_delay_ms == 3_600_000
     # V + D must stay a Spark timestamp: a smaller D lets V go higher.
     assert one_hour.max_planned_watermark_ms > SourceOptions.parse(BASE).max_planned_watermark_ms
+
+
+def _split(previous_batch_id: int | None) -> RangePartition:
+    return RangePartition("t", 0, 0, 10, 41_000, 39_000, previous_batch_id)
+
+
+def test_late_rows_are_judged_by_the_watermark_of_the_batch_spark_ran_just_before() -> None:
+    # SPARK-40925: late input is judged by the previous Spark batch's watermark.
+    assert late_events_watermark(_split(3), batch_id=4) == 39_000  # D(k) right after D(k-1)
+    assert late_events_watermark(_split(3), batch_id=5) == 41_000  # a no-data batch between
+    assert late_events_watermark(_split(3), batch_id=9) == 41_000
+    assert late_events_watermark(_split(None), batch_id=4) == 41_000  # unknown: as before
+    assert late_events_watermark(_split(3), batch_id=None) == 41_000
