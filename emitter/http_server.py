@@ -17,13 +17,35 @@ log = logging.getLogger(__name__)
 JsonView = Callable[[], Any]
 
 
+def exposition(
+    registry: CollectorRegistry, accept: str, extra: Callable[[], str] | None = None
+) -> tuple[bytes, str]:
+    """The ``/metrics`` body and its content type: the registry in the format the
+    scraper accepts, then ``extra`` (families written directly, identical in the text
+    format and in OpenMetrics), before OpenMetrics' closing ``# EOF``."""
+    encoder, content_type = choose_encoder(accept)
+    body = encoder(registry)
+    if extra is None:
+        return body, content_type
+    more = extra().encode()
+    eof = b"# EOF\n"
+    if body.endswith(eof):
+        return body[: -len(eof)] + more + eof, content_type
+    return body + more, content_type
+
+
 class MetricsServer:
-    """Serves ``/metrics`` from a registry and each JSON view at its path."""
+    """Serves ``/metrics`` from a registry (and ``extra``) and each JSON view at its path."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, json_views: dict[str, JsonView]
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        json_views: dict[str, JsonView],
+        extra: Callable[[], str] | None = None,
     ) -> None:
-        handler = _handler_class(registry, json_views)
+        handler = _handler_class(registry, json_views, extra)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -45,18 +67,20 @@ class MetricsServer:
 
 
 def _handler_class(
-    registry: CollectorRegistry, json_views: dict[str, JsonView]
+    registry: CollectorRegistry,
+    json_views: dict[str, JsonView],
+    extra: Callable[[], str] | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             try:
                 if path == "/metrics":
-                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                    self._send(200, content_type, encoder(registry))
+                    body, content_type = exposition(registry, self.headers.get("Accept", ""), extra)
+                    self._send(200, content_type, body)
                 elif path in json_views:
-                    body = json.dumps(json_views[path](), indent=2, default=str)
-                    self._send(200, "application/json", body.encode())
+                    document = json.dumps(json_views[path](), indent=2, default=str)
+                    self._send(200, "application/json", document.encode())
                 else:
                     paths = ", ".join(["/metrics", *json_views])
                     self._send(404, "text/plain", f"not found; try {paths}\n".encode())

@@ -21,6 +21,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from emitter.markers import MarkerStatus
 
@@ -60,6 +61,7 @@ class EmitterMetrics:
         self, snapshot: Callable[[], Snapshot], registry: CollectorRegistry | None = None
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        self._snapshot = snapshot
         r = self.registry
         self.broker_up = Gauge(
             PREFIX + "broker_up",
@@ -117,6 +119,11 @@ class EmitterMetrics:
             self.poll_errors.labels(request)
         r.register(_StateCollector(snapshot))
 
+    def partition_text(self) -> str:
+        """The per-partition series for ``/metrics``, written directly (served after
+        the registry's, see render_partition_families)."""
+        return render_partition_families(self._snapshot())
+
 
 class _StateCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
@@ -124,44 +131,6 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        labels = ["topic", "partition"]
-        status = GaugeMetricFamily(
-            PREFIX + "partition_status",
-            "1 for the partition's current status (ACTIVE, IDLE or FINISHED), 0 for the others.",
-            labels=[*labels, "status"],
-        )
-        log_end = GaugeMetricFamily(
-            PREFIX + "partition_log_end_offset", "Log end offset of the partition.", labels=labels
-        )
-        still = GaugeMetricFamily(
-            PREFIX + "partition_still_seconds",
-            "Seconds the log end has not moved, counted over successful polls only.",
-            labels=labels,
-        )
-        group_labels = ["group", "topic", "partition"]
-        lag_offsets = GaugeMetricFamily(
-            PREFIX + "group_lag_offsets",
-            "Log end minus the group's committed offset.",
-            labels=group_labels,
-        )
-        lag_seconds = GaugeMetricFamily(
-            PREFIX + "group_lag_seconds",
-            "Estimated seconds since the log end passed the committed offset "
-            "(interpolated on the log end timeline).",
-            labels=group_labels,
-        )
-        for row in snap.partitions:
-            key = [row.topic, str(row.partition)]
-            for candidate in MarkerStatus:
-                status.add_metric([*key, candidate.value], 1.0 if candidate is row.status else 0.0)
-            if row.log_end_offset is not None:
-                log_end.add_metric(key, row.log_end_offset)
-                still.add_metric(key, row.still_seconds)
-            if snap.group is not None and row.lag_offsets is not None:
-                lag_offsets.add_metric([snap.group, *key], row.lag_offsets)
-            if snap.group is not None and row.lag_seconds is not None:
-                lag_seconds.add_metric([snap.group, *key], row.lag_seconds)
-        yield from (status, log_end, still, lag_offsets, lag_seconds)
         yield GaugeMetricFamily(
             PREFIX + "watched_partitions",
             "Partitions of the watched topics being tracked.",
@@ -210,3 +179,113 @@ class _StateCollector(Collector):
         yield unowned
         yield idle_members
         yield members
+
+
+def partition_families(snap: Snapshot) -> list[GaugeMetricFamily]:
+    """The per-partition families as prometheus_client builds them: the reference that
+    ``render_partition_families`` must equal (tests/test_metrics_render.py)."""
+    labels = ["topic", "partition"]
+    status = GaugeMetricFamily(
+        PREFIX + "partition_status", _HELP["partition_status"], labels=[*labels, "status"]
+    )
+    log_end = GaugeMetricFamily(
+        PREFIX + "partition_log_end_offset", _HELP["partition_log_end_offset"], labels=labels
+    )
+    still = GaugeMetricFamily(
+        PREFIX + "partition_still_seconds", _HELP["partition_still_seconds"], labels=labels
+    )
+    group_labels = ["group", "topic", "partition"]
+    lag_offsets = GaugeMetricFamily(
+        PREFIX + "group_lag_offsets", _HELP["group_lag_offsets"], labels=group_labels
+    )
+    lag_seconds = GaugeMetricFamily(
+        PREFIX + "group_lag_seconds", _HELP["group_lag_seconds"], labels=group_labels
+    )
+    for row in snap.partitions:
+        key = [row.topic, str(row.partition)]
+        for candidate in MarkerStatus:
+            status.add_metric([*key, candidate.value], 1.0 if candidate is row.status else 0.0)
+        if row.log_end_offset is not None:
+            log_end.add_metric(key, row.log_end_offset)
+            still.add_metric(key, row.still_seconds)
+        if snap.group is not None and row.lag_offsets is not None:
+            lag_offsets.add_metric([snap.group, *key], row.lag_offsets)
+        if snap.group is not None and row.lag_seconds is not None:
+            lag_seconds.add_metric([snap.group, *key], row.lag_seconds)
+    return [status, log_end, still, lag_offsets, lag_seconds]
+
+
+_HELP = {
+    "partition_status": "1 for the partition's current status (ACTIVE, IDLE or FINISHED), "
+    "0 for the others.",
+    "partition_log_end_offset": "Log end offset of the partition.",
+    "partition_still_seconds": "Seconds the log end has not moved, counted over successful "
+    "polls only.",
+    "group_lag_offsets": "Log end minus the group's committed offset.",
+    "group_lag_seconds": "Estimated seconds since the log end passed the committed offset "
+    "(interpolated on the log end timeline).",
+}
+
+
+def render_partition_families(snap: Snapshot) -> str:
+    """The per-partition families as exposition text, written directly.
+
+    At 10,000 partitions they are 70,000 samples, and prometheus_client's encoder spent
+    390 ms (text) and 645 ms (OpenMetrics) on them, label validation and escaping per
+    sample; these are gauges whose lines are the same in both formats, so they are
+    written here in one pass, identical to what the encoder writes (a test compares).
+    """
+    group = None if snap.group is None else _escape(snap.group)
+    status_lines, log_end_lines, still_lines, lag_lines, lag_s_lines = [], [], [], [], []
+    for row in snap.partitions:
+        # Label names in sorted order, as the encoders write them.
+        partition, topic = f'partition="{row.partition}"', f'topic="{_escape(row.topic)}"'
+        where = f"{partition},{topic}"
+        for candidate in MarkerStatus:
+            value = "1.0" if candidate is row.status else "0.0"
+            status_lines.append(
+                f'{PREFIX}partition_status{{{partition},status="{candidate.value}",{topic}}} '
+                f"{value}\n"
+            )
+        if row.log_end_offset is not None:
+            log_end_lines.append(
+                f"{PREFIX}partition_log_end_offset{{{where}}} {_number(row.log_end_offset)}\n"
+            )
+            still_lines.append(
+                f"{PREFIX}partition_still_seconds{{{where}}} {_number(row.still_seconds)}\n"
+            )
+        if group is not None and row.lag_offsets is not None:
+            lag_lines.append(
+                f'{PREFIX}group_lag_offsets{{group="{group}",{where}}} {_number(row.lag_offsets)}\n'
+            )
+        if group is not None and row.lag_seconds is not None:
+            lag_s_lines.append(
+                f'{PREFIX}group_lag_seconds{{group="{group}",{where}}} {_number(row.lag_seconds)}\n'
+            )
+    parts = []
+    for name, lines in (
+        ("partition_status", status_lines),
+        ("partition_log_end_offset", log_end_lines),
+        ("partition_still_seconds", still_lines),
+        ("group_lag_offsets", lag_lines),
+        ("group_lag_seconds", lag_s_lines),
+    ):
+        parts.append(
+            f"# HELP {PREFIX}{name} {_escape_help(_HELP[name])}\n# TYPE {PREFIX}{name} gauge\n"
+        )
+        parts.extend(lines)
+    return "".join(parts)
+
+
+def _number(value: float) -> str:
+    """A sample value exactly as the encoders write it."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")

@@ -405,6 +405,7 @@ class Emitter:
             self.config.metrics_port,
             self.metrics.registry,
             {"/status": self.status_view},
+            extra=self.metrics.partition_text,
         ).start()
         self.metrics_port = server.port
         log.info(
