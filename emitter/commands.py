@@ -67,6 +67,11 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=port)
     parser.add_argument(
+        "--metrics-per-partition",
+        choices=["true", "false"],
+        help="per-partition series on /metrics (default true; false: per-topic aggregates)",
+    )
+    parser.add_argument(
         "--kafka-config",
         action="append",
         metavar="KEY=VALUE",

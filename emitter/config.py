@@ -46,6 +46,9 @@ class EmitterConfig(BaseModel):
     poll_interval_ms: DurationMs = 1_000
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # Per-partition series on /metrics; false keeps per-topic aggregates only (clusters
+    # with tens of thousands of partitions).
+    metrics_per_partition: bool = True
     kafka_config: KafkaConfig = Field(default_factory=dict)
     emitter_id: str = Field(default_factory=_default_emitter_id, min_length=1)
     # A topic missing from this many successful metadata polls in a row counts

@@ -124,6 +124,10 @@ class EmitterMetrics:
         the registry's, see render_partition_families)."""
         return render_partition_families(self._snapshot())
 
+    def topic_text(self) -> str:
+        """Per-topic aggregates instead, for ``--metrics-per-partition=false``."""
+        return render_topic_families(self._snapshot())
+
 
 class _StateCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
@@ -289,3 +293,43 @@ def _escape(value: str) -> str:
 
 def _escape_help(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def render_topic_families(snap: Snapshot) -> str:
+    """Per topic: partitions by status, and the group's lag summed (offsets) and at its
+    worst (seconds): a few series per topic instead of seven per partition."""
+    by_status: dict[tuple[str, str], int] = {}
+    lag_offsets: dict[str, float] = {}
+    lag_seconds: dict[str, float] = {}
+    for row in snap.partitions:
+        key = (row.topic, row.status.value)
+        by_status[key] = by_status.get(key, 0) + 1
+        if row.lag_offsets is not None:
+            lag_offsets[row.topic] = lag_offsets.get(row.topic, 0) + row.lag_offsets
+        if row.lag_seconds is not None:
+            lag_seconds[row.topic] = max(lag_seconds.get(row.topic, 0.0), row.lag_seconds)
+    topics = sorted({row.topic for row in snap.partitions})
+    lines = [
+        f"# HELP {PREFIX}topic_partitions Partitions of the topic by status.\n"
+        f"# TYPE {PREFIX}topic_partitions gauge\n"
+    ]
+    for topic in topics:
+        for status in MarkerStatus:
+            count = by_status.get((topic, status.value), 0)
+            lines.append(
+                f'{PREFIX}topic_partitions{{status="{status.value}",topic="{_escape(topic)}"}} '
+                f"{_number(count)}\n"
+            )
+    if snap.group is not None:
+        group = _escape(snap.group)
+        for name, values, help_text in (
+            ("topic_group_lag_offsets", lag_offsets, "The group's lag summed over the topic."),
+            ("topic_group_lag_seconds_max", lag_seconds, "The group's worst lag in the topic."),
+        ):
+            lines.append(f"# HELP {PREFIX}{name} {help_text}\n# TYPE {PREFIX}{name} gauge\n")
+            for topic in sorted(values):
+                lines.append(
+                    f'{PREFIX}{name}{{group="{group}",topic="{_escape(topic)}"}} '
+                    f"{_number(values[topic])}\n"
+                )
+    return "".join(lines)

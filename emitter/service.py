@@ -405,7 +405,11 @@ class Emitter:
             self.config.metrics_port,
             self.metrics.registry,
             {"/status": self.status_view},
-            extra=self.metrics.partition_text,
+            extra=(
+                self.metrics.partition_text
+                if self.config.metrics_per_partition
+                else self.metrics.topic_text
+            ),
         ).start()
         self.metrics_port = server.port
         log.info(

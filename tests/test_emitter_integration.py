@@ -456,3 +456,15 @@ def test_markers_for_topics_not_watched_do_not_become_partitions(
     wait_until(lambda: _markers_of(broker.bootstrap_servers, control, 0), DEADLINE_S, "IDLE")
     assert [(p["topic"], p["partition"]) for p in running.status()["partitions"]] == [(topic, 0)]
     assert running.metric("slackwater_emitter_watched_partitions") == 1
+
+
+def test_metrics_per_partition_false_serves_per_topic_aggregates(
+    broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
+) -> None:
+    topic, control = new_topic(partitions=3), _control()
+    produce_one(broker.bootstrap_servers, topic, 1, count=2)
+    running = emitters(topics=[topic], control_topic=control, metrics_per_partition=False)
+    after_polls(running, 2)
+    assert running.metric("slackwater_emitter_partition_status") is None
+    assert running.metric("slackwater_emitter_topic_partitions", topic=topic, status="ACTIVE") == 3
+    assert running.metric("slackwater_emitter_watched_partitions") == 3

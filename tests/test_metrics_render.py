@@ -10,7 +10,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.registry import Collector
 
 from emitter.markers import MarkerStatus
-from emitter.metrics import PartitionRow, Snapshot, partition_families, render_partition_families
+from emitter.metrics import (
+    PartitionRow,
+    Snapshot,
+    partition_families,
+    render_partition_families,
+    render_topic_families,
+)
 
 
 def _snapshot(group: str | None) -> Snapshot:
@@ -41,3 +47,26 @@ def test_the_direct_rendering_equals_the_encoders() -> None:
         openmetrics = openmetrics_latest(registry).decode()  # type: ignore[no-untyped-call]
         assert openmetrics.endswith("# EOF\n")
         assert render_partition_families(snap) == openmetrics[: -len("# EOF\n")]
+
+
+def test_per_topic_aggregates_replace_the_per_partition_series() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = render_topic_families(_snapshot("orders-consumers"))
+    assert "partition=" not in text
+    values = {
+        (sample.name, *sorted(sample.labels.values())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    name = "slackwater_emitter_topic_partitions"
+    assert values[(name, "ACTIVE", "orders")] == 1
+    assert values[(name, "IDLE", "orders")] == 1
+    assert values[(name, "FINISHED", "orders")] == 0
+    assert values[(name, "FINISHED", "orders.v2_x-y")] == 1
+    assert values[(name, "ACTIVE", "t")] == 1
+    lag = "slackwater_emitter_topic_group_lag_offsets"
+    assert values[(lag, "orders", "orders-consumers")] == 3 + 0
+    assert values[(lag, "orders-consumers", "t")] == 7
+    worst = "slackwater_emitter_topic_group_lag_seconds_max"
+    assert values[(worst, "orders", "orders-consumers")] == 1.25
