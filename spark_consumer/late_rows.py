@@ -1,17 +1,17 @@
 """The rows a job's aggregation will drop, written aside by the readers, exactly once.
 
 A window aggregation drops a row whose windows have all ended by the watermark Spark
-applies in the row's batch (Spark's rule: a window is over when its end <= the
-watermark; for a session window, the row's own session [t, t + gap) is what is checked
-on arrival). The reader knows both the row's event time and that watermark (the late
-threshold its range was planned with), so it can tell, and write the row aside with
-its reason, without a second read of the topic.
+judges the row's batch's late input by (Spark's rule: a window is over when its end <=
+that watermark; for a session window, the row's own session [t, t + gap) is what is
+checked on arrival). The reader knows both the row's event time and that watermark
+(``source.late_events_watermark``), so it can tell, and write the row aside with its
+reason, without a second read of the topic.
 
 Exactly once by construction: one file per source range, named by the range; a task
 retry or a replay of the batch reads the same range with the same threshold and
 writes the same file again. A range with nothing dropped writes nothing.
 
-    threshold (watermark applied in the batch)
+    threshold (the watermark late input is judged by)
                        |
     window rule 10 s:  [0 ------ 10)[10 ----- 20)[20 --
     row at  8 s        |  dropped: its window ended at 10 <= threshold 12
