@@ -56,6 +56,15 @@ def _not_reported_twice(record: logging.LogRecord) -> bool:
     return True
 
 
+def once_per_interval(name: str) -> logging.Logger:
+    """A logger that says each kind of line at most once per 30 s (for what repeats
+    while a broker is away)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+        logger.addFilter(OncePerInterval())
+    return logger
+
+
 def client_logging(client: str) -> dict[str, Any]:
     """Configuration entries that route a client's logs and errors through Python
     logging, rate-limited (served from the client's poll, flush and consume calls)."""

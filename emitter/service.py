@@ -30,7 +30,7 @@ from emitter.control_topic import (
 )
 from emitter.detector import Detector, Observation, Proposal
 from emitter.http_server import MetricsServer
-from emitter.kafka_logging import OncePerInterval, client_logging
+from emitter.kafka_logging import client_logging, once_per_interval
 from emitter.lag import LogEndTimeline, Ownership, lag_offsets, ownership
 from emitter.markers import EpochClaim, FinishRequest, Marker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
@@ -38,8 +38,7 @@ from emitter.observer import BrokerObserver, BrokerView
 
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
-log_unreachable = logging.getLogger(f"{__name__}.connection")
-log_unreachable.addFilter(OncePerInterval())
+log_unreachable = once_per_interval(f"{__name__}.connection")
 
 TopicPartitionKey = tuple[str, int]
 

@@ -47,6 +47,13 @@ def parse_duration_ms(value: object) -> int:
     raise ValueError(f"not a duration like 500ms, 3s or 5m: {value!r}")
 
 
+def parse_optional_duration_ms(value: object) -> int | None:
+    """``off`` (or nothing) -> None, else a duration as parse_duration_ms reads it."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "")):
+        return None
+    return parse_duration_ms(value)
+
+
 def parse_key_values(items: object) -> dict[str, str]:
     """['k=v', ...] or 'k=v,k2=v2' or a mapping -> {k: v} (librdkafka settings)."""
     if isinstance(items, Mapping):

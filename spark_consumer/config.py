@@ -7,19 +7,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from emitter.settings import parse_duration_ms, parse_key_values
+from emitter.settings import parse_duration_ms, parse_key_values, parse_optional_duration_ms
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 _TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # What --agg takes: <function>:<JSON field>.
 AGGREGATIONS = ("sum", "min", "max", "avg", "approx_distinct")
-
-
-def _off_or_duration(value: object) -> object:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "")):
-        return None
-    return parse_duration_ms(value)
 
 
 def _as_list(value: object) -> object:
@@ -51,7 +45,9 @@ class ConsumerConfig(BaseModel):
     trigger_ms: DurationMs = 1_000
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
-    consumer_idle_timeout_ms: Annotated[int | None, BeforeValidator(_off_or_duration)] = None
+    consumer_idle_timeout_ms: Annotated[int | None, BeforeValidator(parse_optional_duration_ms)] = (
+        None
+    )
     compare: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)

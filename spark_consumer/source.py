@@ -62,9 +62,9 @@ from pyspark.sql.types import (
 )
 
 from emitter import list_offsets
-from emitter.kafka_logging import OncePerInterval, client_logging
+from emitter.kafka_logging import client_logging, once_per_interval
 from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
-from emitter.settings import parse_duration_ms
+from emitter.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.event_time import (
     MAX_EVENT_TIME_MS,
@@ -77,8 +77,7 @@ from spark_consumer.valve import MIN_WATERMARK
 
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
-log_unreachable = logging.getLogger(f"{__name__}.connection")
-log_unreachable.addFilter(OncePerInterval())
+log_unreachable = once_per_interval(f"{__name__}.connection")
 
 SOURCE_NAME = "slackwater-kafka"
 # The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
@@ -260,9 +259,8 @@ class SourceOptions:
             late_rule = LateRule.parse(lowered.get("laterule", "late"))
         except ValueError as error:
             raise SourceError(f"option 'lateRule': {error}") from None
-        idle_timeout = lowered.get("consumeridletimeout", "off").strip().lower()
         try:
-            idle_timeout_ms = None if idle_timeout == "off" else parse_duration_ms(idle_timeout)
+            idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
         except ValueError as error:
             raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
         if idle_timeout_ms is not None and idle_timeout_ms < 1:
@@ -1105,7 +1103,7 @@ def _rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
 
 def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
     """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {
@@ -1173,9 +1171,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             end=split.end,
             threshold_ms=builder.threshold_ms,
         )
-    # The range was read whole: its progress goes to the driver, acknowledged before the
-    # task ends (a retry or a replay writes the same record again, harmlessly).
-    producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
+    # The range was read whole: its progress goes to the driver.
     key = progress_key(
         topic=split.topic,
         partition=split.partition,
@@ -1184,26 +1180,26 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         late_threshold_ms=split.late_threshold_ms,
         event_time=options.event_time_field or "timestamp",
     )
-    progress = dataclasses.replace(builder.progress(), batch_id=batch_id)
-    producer.produce(options.progress_topic, key=key.encode(), value=progress.encode())
-    if producer.flush(options.request_timeout_s) != 0:
-        raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
+    _report_progress(options, key, dataclasses.replace(builder.progress(), batch_id=batch_id))
 
 
 def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterator[pa.RecordBatch]:
     """The synthetic row, then Spark's batch id to the planner (as a range's progress)."""
+    yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
+    if split.progress_key:
+        progress = Progress(0, None, -1, 0, 0, batch_id=_spark_batch_id())
+        _report_progress(options, split.progress_key, progress)
+
+
+def _report_progress(options: SourceOptions, key: str, progress: Progress) -> None:
+    """One progress record, acknowledged before the task ends (a retry or a replay
+    writes the same record again, harmlessly)."""
     from confluent_kafka import Producer
 
-    yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
-    if not split.progress_key:
-        return
     producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
-    progress = Progress(0, None, -1, 0, 0, batch_id=_spark_batch_id())
-    producer.produce(
-        options.progress_topic, key=split.progress_key.encode(), value=progress.encode()
-    )
+    producer.produce(options.progress_topic, key=key.encode(), value=progress.encode())
     if producer.flush(options.request_timeout_s) != 0:
-        raise SourceError(f"progress of {split.progress_key} not acknowledged")
+        raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
 
 
 def synthetic_progress_key(plan_id: str) -> str:
