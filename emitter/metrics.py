@@ -185,41 +185,8 @@ class _StateCollector(Collector):
         yield members
 
 
-def partition_families(snap: Snapshot) -> list[GaugeMetricFamily]:
-    """The per-partition families as prometheus_client builds them: the reference that
-    ``render_partition_families`` must equal (tests/test_metrics_render.py)."""
-    labels = ["topic", "partition"]
-    status = GaugeMetricFamily(
-        PREFIX + "partition_status", _HELP["partition_status"], labels=[*labels, "status"]
-    )
-    log_end = GaugeMetricFamily(
-        PREFIX + "partition_log_end_offset", _HELP["partition_log_end_offset"], labels=labels
-    )
-    still = GaugeMetricFamily(
-        PREFIX + "partition_still_seconds", _HELP["partition_still_seconds"], labels=labels
-    )
-    group_labels = ["group", "topic", "partition"]
-    lag_offsets = GaugeMetricFamily(
-        PREFIX + "group_lag_offsets", _HELP["group_lag_offsets"], labels=group_labels
-    )
-    lag_seconds = GaugeMetricFamily(
-        PREFIX + "group_lag_seconds", _HELP["group_lag_seconds"], labels=group_labels
-    )
-    for row in snap.partitions:
-        key = [row.topic, str(row.partition)]
-        for candidate in MarkerStatus:
-            status.add_metric([*key, candidate.value], 1.0 if candidate is row.status else 0.0)
-        if row.log_end_offset is not None:
-            log_end.add_metric(key, row.log_end_offset)
-            still.add_metric(key, row.still_seconds)
-        if snap.group is not None and row.lag_offsets is not None:
-            lag_offsets.add_metric([snap.group, *key], row.lag_offsets)
-        if snap.group is not None and row.lag_seconds is not None:
-            lag_seconds.add_metric([snap.group, *key], row.lag_seconds)
-    return [status, log_end, still, lag_offsets, lag_seconds]
-
-
-_HELP = {
+# The per-partition families' help texts (render_partition_families writes them).
+PARTITION_HELP = {
     "partition_status": "1 for the partition's current status (ACTIVE, IDLE or FINISHED), "
     "0 for the others.",
     "partition_log_end_offset": "Log end offset of the partition.",
@@ -274,9 +241,8 @@ def render_partition_families(snap: Snapshot) -> str:
         ("group_lag_offsets", lag_lines),
         ("group_lag_seconds", lag_s_lines),
     ):
-        parts.append(
-            f"# HELP {PREFIX}{name} {_escape_help(_HELP[name])}\n# TYPE {PREFIX}{name} gauge\n"
-        )
+        help_text = _escape_help(PARTITION_HELP[name])
+        parts.append(f"# HELP {PREFIX}{name} {help_text}\n# TYPE {PREFIX}{name} gauge\n")
         parts.extend(lines)
     return "".join(parts)
 

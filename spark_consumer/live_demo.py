@@ -209,7 +209,8 @@ def _view(state: DemoState, emitter: Emitter, elapsed: float, duration_s: float)
         valve = f"{_clock(state.valve_watermark_ms)}  {state.valve_status}"
         batches, windows_emitted = state.batches, state.windows_emitted
         dropped = state.counters.get("records_dropped", 0)
-    emitter_status = {p: row["status"] for (_, p), row in _emitter_rows(emitter).items()}
+    # The emitter's public snapshot (taken under its lock); the demo watches one topic.
+    emitter_status = {row.partition: row.status.value for row in emitter.snapshot().partitions}
     for partition in range(PARTITIONS):
         consumer, watermark = partitions.get(partition, ("-", MIN_WATERMARK))
         table.add_row(
@@ -227,14 +228,6 @@ def _view(state: DemoState, emitter: Emitter, elapsed: float, duration_s: float)
     for event in events:
         summary.add_row("", event)
     return Group(table, summary)
-
-
-def _emitter_rows(emitter: Emitter) -> dict[tuple[str, int], dict[str, str]]:
-    """The emitter's partitions as its public snapshot shows them (under its lock)."""
-    return {
-        (row.topic, row.partition): {"status": row.status.value}
-        for row in emitter.snapshot().partitions
-    }
 
 
 def run_live_demo(

@@ -706,10 +706,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             planned=planned,
             late_threshold=int(start["watermark"]),
             data=ends,
+            previous_threshold=int(start["late_threshold"]),
+            previous_batch_id=start_batch_id,
         )
-        # What the readers need to tell the watermark Spark judges late rows by.
-        offset["previous_threshold"] = int(start["late_threshold"])
-        offset["previous_batch_id"] = start_batch_id
         if _same_batch(start, offset):
             self._cached = (start.get("plan_id", ""), plan.aligner)  # still start's state
             return start  # nothing new: no batch
@@ -1010,6 +1009,8 @@ def _offset(
     planned: int,
     late_threshold: int,
     data: Offsets | None = None,
+    previous_threshold: int = MIN_WATERMARK,
+    previous_batch_id: int | None = None,
 ) -> dict[str, Any]:
     """One batch's offset: its data ranges (``from`` -> ``data``), the positions read on
     the control and progress topics, the watermark planned into its synthetic row, the
@@ -1024,6 +1025,10 @@ def _offset(
         "progress": dict(plan.progress),
         "watermark": planned,
         "late_threshold": late_threshold,
+        # What the readers need to tell the watermark Spark judges late rows by: the
+        # previous batch's threshold and Spark's id of that batch (late_events_watermark).
+        "previous_threshold": previous_threshold,
+        "previous_batch_id": previous_batch_id,
         "status": plan.aligner.valve.status.value,
         "counters": dict(plan.counters),
         "progress_wait_ms": plan.progress_wait_ms,

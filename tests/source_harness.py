@@ -104,3 +104,17 @@ def window_job(
         .start()
     )
     return WindowJob(spark, query, table)
+
+
+def iso_ms(iso: str) -> int:
+    """Epoch milliseconds of an ISO 8601 time as Spark's JSON sink writes it."""
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def late_output_rows(path: Path) -> list[dict[str, Any]]:
+    """Every line of a late output directory (one JSON-lines file per source range)."""
+    import json
+
+    return [json.loads(line) for f in sorted(path.glob("*.json")) for line in f.open()]

@@ -3,7 +3,6 @@ arriving, its metrics, and a broker it cannot reach."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -22,6 +21,7 @@ from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import scrape, wait_while_running
+from tests.source_harness import iso_ms, late_output_rows
 from tests.test_deploy import deploy_metric_names
 
 KILLS = 4
@@ -89,10 +89,6 @@ def _run_and_kill(
             process.wait(30)
 
 
-def _late_rows(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for f in sorted(path.glob("*.json")) for line in f.open()]
-
-
 def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
     broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
@@ -131,14 +127,14 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
         where = Counter((r["window_start"], r["key"]) for r in rows)
         assert all(n == 1 for n in where.values()), where  # each window and key once
         assert len(rows) == windows_expected
-        late_output = _late_rows(tmp_path / "out-late")
+        late_output = late_output_rows(tmp_path / "out-late")
         late_offsets = [(r["partition"], r["offset"]) for r in late_output]
         assert len(late_offsets) == len(set(late_offsets))  # no late row twice
         # Each record is in exactly one place: its window's count or the late output.
         counted_late = len(late_seconds) - len(late_output)
         assert sum(int(r["count"]) for r in rows) == 2 * written.seconds + counted_late
         for row in rows:
-            start_s = (_ms(str(row["window_start"])) - BASE_MS) / 1000
+            start_s = (iso_ms(str(row["window_start"])) - BASE_MS) / 1000
             in_window_late = [s for s in late_seconds if start_s <= s < start_s + 5]
             if row["key"] == "k1" or not in_window_late:
                 assert row["count"] == 5, row
@@ -168,12 +164,6 @@ def _check_metrics(port: int, *, dropped: int) -> None:
         if name.startswith(("slackwater_source_", "slackwater_consume_"))
     }
     assert wanted and wanted <= exported, wanted - exported
-
-
-def _ms(iso: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(tmp_path: Path) -> None:

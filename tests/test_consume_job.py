@@ -22,6 +22,7 @@ from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import ConsumeJob, start
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
+from tests.source_harness import iso_ms, late_output_rows
 
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
 
@@ -81,21 +82,15 @@ def _output(spark: SparkSession, path: Path) -> list[dict[str, Any]]:
 def _by_window(rows: list[dict[str, Any]]) -> dict[tuple[float, str], dict[str, float]]:
     result: dict[tuple[float, str], dict[str, float]] = {}
     for row in rows:
-        start = (_ms(row["window_start"]) - BASE_MS) / 1000
+        start = _seconds(row["window_start"])
         values = {k: row[k] for k in ("count", "sum_amount", "max_amount", "approx_distinct_id")}
         assert (start, row["key"]) not in result, f"window written twice: {row}"
         result[(start, row["key"])] = values
     return result
 
 
-def _ms(iso: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def _late(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for f in sorted(path.glob("*.json")) for line in f.open()]
+def _seconds(iso: str) -> float:
+    return (iso_ms(iso) - BASE_MS) / 1000
 
 
 def _config(bootstrap: str, control: str, tmp: Path, **settings: Any) -> ConsumerConfig:
@@ -153,7 +148,7 @@ def test_tumbling_windows_close_on_the_valve_and_dropped_rows_reach_the_late_out
         _settle(job)
         counted = records.written[:-2] + records.written[-1:]  # all but the dropped row
         assert _by_window(_output(spark, tmp_path / "out")) == _expected(counted, 10, 10)
-        late = _late(Path(config.effective_late_output))
+        late = late_output_rows(Path(config.effective_late_output))
         assert [(r["topic"], r["partition"], r["offset"], r["reason"]) for r in late] == [
             (topic, 0, dropped_offset, "late"),
             (topic, 1, unreadable_offset, "unreadable: value is not JSON"),
@@ -191,7 +186,7 @@ def test_sliding_windows_over_two_topics_each_row_in_every_window_that_holds_it(
         writer.marker(0, FINISHED)
         _settle(job)
         assert _by_window(_output(spark, tmp_path / "out")) == _expected(records.written, 10, 5)
-        assert _late(Path(config.effective_late_output)) == []
+        assert late_output_rows(Path(config.effective_late_output)) == []
     finally:
         job.stop()
 
@@ -219,10 +214,12 @@ def test_session_windows_by_a_topic_pattern(
         writer.marker(1, FINISHED)
         _settle(job)
         sessions = {
-            ((_ms(r["window_start"]) - BASE_MS) / 1000, (_ms(r["window_end"]) - BASE_MS) / 1000,
-             r["key"]): (r["count"], r["sum_amount"])
+            (_seconds(r["window_start"]), _seconds(r["window_end"]), r["key"]): (
+                r["count"],
+                r["sum_amount"],
+            )
             for r in _output(spark, tmp_path / "out")
-        }  # fmt: skip
+        }
         assert sessions == {
             (0, 5, "ann"): (3, 6.0),
             (10, 14, "ann"): (2, 42.0),

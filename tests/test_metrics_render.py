@@ -5,15 +5,17 @@ write for the same families, in the text format and in OpenMetrics."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
 from emitter.markers import MarkerStatus
 from emitter.metrics import (
+    PARTITION_HELP,
+    PREFIX,
     PartitionRow,
     Snapshot,
-    partition_families,
     render_partition_families,
     render_topic_families,
 )
@@ -27,6 +29,31 @@ def _snapshot(group: str | None) -> Snapshot:
         PartitionRow("t", 3, MarkerStatus.ACTIVE, 0, 1e-05, 7, None),
     ]
     return Snapshot(group=group, partitions=rows)
+
+
+def partition_families(snap: Snapshot) -> list[GaugeMetricFamily]:
+    """The same series as prometheus_client's families: the reference."""
+
+    def family(name: str, labels: list[str]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + name, PARTITION_HELP[name], labels=labels)
+
+    status = family("partition_status", ["topic", "partition", "status"])
+    log_end = family("partition_log_end_offset", ["topic", "partition"])
+    still = family("partition_still_seconds", ["topic", "partition"])
+    lag_offsets = family("group_lag_offsets", ["group", "topic", "partition"])
+    lag_seconds = family("group_lag_seconds", ["group", "topic", "partition"])
+    for row in snap.partitions:
+        key = [row.topic, str(row.partition)]
+        for candidate in MarkerStatus:
+            status.add_metric([*key, candidate.value], 1.0 if candidate is row.status else 0.0)
+        if row.log_end_offset is not None:
+            log_end.add_metric(key, row.log_end_offset)
+            still.add_metric(key, row.still_seconds)
+        if snap.group is not None and row.lag_offsets is not None:
+            lag_offsets.add_metric([snap.group, *key], row.lag_offsets)
+        if snap.group is not None and row.lag_seconds is not None:
+            lag_seconds.add_metric([snap.group, *key], row.lag_seconds)
+    return [status, log_end, still, lag_offsets, lag_seconds]
 
 
 class _Reference(Collector):
