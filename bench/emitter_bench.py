@@ -1,25 +1,35 @@
-"""Wall and CPU milliseconds per emitter poll at 100, 1,000 and 10,000 watched partitions.
+"""The emitter's cost per poll against the number of watched partitions, quiet and busy.
 
-On Apache Kafka (`slackwater broker`'s launcher), in one process: topics of 1,000 partitions
-each (one topic for 100), a record on every partition, then --polls polls of
-a connected emitter with a consumer group (so metadata, ListOffsets, group
-offsets and the group description are all requested; metadata every 10th
-poll, as at the default 1 s poll and 10 s metadata intervals). CPU is the
-whole process's (librdkafka's threads included), via time.process_time():
-the mean per poll, so the metadata polls count at their real share.
+On Apache Kafka (`slackwater broker`'s launcher): topics of 1,000 partitions each (one
+topic below 1,000), a record on every partition and a consumer group's committed
+offsets, so every poll sends ListOffsets, OffsetFetch and DescribeGroups; metadata is
+re-read every 10th poll (the default 1 s poll and 10 s metadata interval: the emitter's
+clock advances one poll interval per poll).
 
-    .venv/bin/python -m bench.emitter_bench [--polls 20]
+Each size is measured in a fresh process (its resident memory is the emitter's), twice:
 
-Also prints the time to render /metrics once (Prometheus scrape) at each size.
+* quiet: no log end moves between polls (the common case of a large cluster);
+* busy: a writer process puts one record on every partition before every poll, so
+  every log end has moved (the worst case: all partitions changed).
+
+Per poll: median and max wall ms, mean CPU ms of the whole process (librdkafka's
+threads included, time.process_time) and that as % of a core at a 1 s poll; then one
+scrape of /metrics (ms and bytes) and the process's resident memory (MiB).
+
+    .venv/bin/python -m bench.emitter_bench [--polls 20] [--sizes 100,1000,10000]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import statistics
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -42,12 +52,17 @@ def _create(admin: AdminClient, partitions: int) -> list[str]:
     return names
 
 
-def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+def _produce_round(producer: Producer, topics: list[str], per_topic: int) -> None:
+    """One record on every partition, delivered."""
     for topic in topics:
         for partition in range(per_topic):
             producer.produce(topic, value=b"{}", partition=partition)
+            producer.poll(0)
     producer.flush(120)
+
+
+def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None:
+    _produce_round(Producer({"bootstrap.servers": bootstrap, "linger.ms": 5}), topics, per_topic)
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
     )
@@ -58,57 +73,122 @@ def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None
     consumer.close()
 
 
-def measure(broker: KafkaBroker, partitions: int, polls: int) -> tuple[float, float, float, float]:
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    topics = _create(admin, partitions)
-    group = f"bench-{uuid.uuid4().hex[:8]}"
-    _fill(broker.bootstrap_servers, topics, min(partitions, 1_000), group)
+def _writer(bootstrap: str, topics: list[str], per_topic: int, pipe: Connection) -> None:
+    """The busy case's writer, in its own process: a round of records per request."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    while pipe.recv():
+        _produce_round(producer, topics, per_topic)
+        pipe.send(True)
+
+
+@dataclass(frozen=True)
+class Case:
+    bootstrap: str
+    topics: list[str]
+    per_topic: int
+    group: str
+    polls: int
+    busy: bool
+
+
+def _measure(case: Case) -> dict[str, float]:
+    """One size, one mode, in a fresh process."""
+    bootstrap, topics, per_topic, polls = case.bootstrap, case.topics, case.per_topic, case.polls
+    writer_pipe, writer = None, None
+    if case.busy:
+        writer_pipe, their_end = multiprocessing.Pipe()
+        writer = multiprocessing.get_context("spawn").Process(
+            target=_writer, args=(bootstrap, topics, per_topic, their_end), daemon=True
+        )
+        writer.start()
     config = EmitterConfig(
-        bootstrap_servers=broker.bootstrap_servers,
+        bootstrap_servers=bootstrap,
         topics=topics,
         control_topic=f"bench-ctl-{uuid.uuid4().hex[:8]}",
-        group=group,
+        group=case.group,
         idle_timeout_ms=3_600_000,
         request_timeout_ms=30_000,
     )
-    # The emitter's clock advances one poll interval (1 s) per poll, so metadata
-    # is re-read every 10th poll, as in a real run at the default settings.
     clock = [0.0]
     emitter = Emitter(config, monotonic_s=lambda: clock[0])
     assert emitter.connect(threading.Event())
     emitter.poll_once()  # warm-up: first sight of every partition
     walls, cpus = [], []
     for _ in range(polls):
+        if writer_pipe is not None:
+            writer_pipe.send(True)
+            writer_pipe.recv()
         clock[0] += config.poll_interval_ms / 1000
         wall, cpu = time.perf_counter(), time.process_time()
         emitter.poll_once()
         walls.append((time.perf_counter() - wall) * 1000)
         cpus.append((time.process_time() - cpu) * 1000)
-    watched = len(emitter.detector.partitions)
-    assert watched == partitions, f"watched {watched}, expected {partitions}"
+    snapshot = emitter.snapshot()
+    watched = len(snapshot.partitions)
+    assert watched == per_topic * len(topics), f"watched {watched}"
+    if case.busy:
+        assert all(row.log_end_offset == polls + 1 for row in snapshot.partitions)
     started = time.perf_counter()
-    exposition(emitter.metrics.registry, "", emitter.metrics.partition_text)  # a scrape
+    body = exposition(emitter.metrics.registry, "", emitter.metrics.partition_text)
     scrape_ms = (time.perf_counter() - started) * 1000
     emitter.close()
-    return statistics.median(walls), max(walls), statistics.mean(cpus), scrape_ms
+    if writer_pipe is not None and writer is not None:
+        writer_pipe.send(False)
+        writer.join(30)
+    return {
+        "wall_median_ms": statistics.median(walls),
+        "wall_max_ms": max(walls),
+        "cpu_ms": statistics.mean(cpus),
+        "scrape_ms": scrape_ms,
+        "scrape_bytes": len(body[0]),
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _measure_into(case: Case, pipe: Connection) -> None:
+    pipe.send(_measure(case))
+
+
+def _in_fresh_process(case: Case) -> dict[str, float]:
+    # A plain process, not a Pool's (daemonic, it could not start the busy writer).
+    ours, theirs = multiprocessing.Pipe()
+    spawn = multiprocessing.get_context("spawn")
+    process = spawn.Process(target=_measure_into, args=(case, theirs))
+    process.start()
+    result: dict[str, float] = ours.recv()
+    process.join(60)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", type=int, default=20)
+    parser.add_argument("--sizes", default="100,1000,10000")
     args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
     print(
-        f"{'partitions':>10} {'median wall ms':>15} {'max wall ms':>12} "
-        f"{'mean CPU ms':>12} {'CPU % at 1s':>12} {'/metrics ms':>12}"
+        f"{'partitions':>10} {'mode':>5} {'median ms':>10} {'max ms':>8} {'CPU ms':>7} "
+        f"{'CPU %':>6} {'/metrics ms':>11} {'/metrics KiB':>12} {'RSS MiB':>8}"
     )
     with KafkaBroker() as broker:
-        for partitions in (100, 1_000, 10_000):
-            wall, worst, cpu, scrape = measure(broker, partitions, args.polls)
-            print(
-                f"{partitions:>10,} {wall:>15.1f} {worst:>12.1f} {cpu:>12.1f} "
-                f"{cpu / 10:>11.1f}% {scrape:>12.1f}",
-                flush=True,
-            )
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for partitions in sizes:
+            topics = _create(admin, partitions)
+            per_topic = min(partitions, 1_000)
+            group = f"bench-{uuid.uuid4().hex[:8]}"
+            _fill(bootstrap, topics, per_topic, group)
+            for busy in (False, True):
+                row = _in_fresh_process(Case(bootstrap, topics, per_topic, group, args.polls, busy))
+                print(
+                    f"{partitions:>10,} {'busy' if busy else 'quiet':>5} "
+                    f"{row['wall_median_ms']:>10.1f} {row['wall_max_ms']:>8.1f} "
+                    f"{row['cpu_ms']:>7.1f} {row['cpu_ms'] / 10:>5.1f}% "
+                    f"{row['scrape_ms']:>11.1f} {row['scrape_bytes'] / 1024:>12,.0f} "
+                    f"{row['rss_mib']:>8.0f}",
+                    flush=True,
+                )
+            admin.delete_topics(topics, request_timeout=120)
 
 
 if __name__ == "__main__":

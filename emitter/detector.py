@@ -17,11 +17,18 @@ Per partition, the idle clock runs only between two successful observations:
     status    IDLE    IDLE    ACTIVE@100   (the first new record is at 100)
 
 An unreachable broker therefore never produces a transition.
+
+Work per poll follows what changed (issue 15): a partition is looked at when its log
+end differs from the previous observation's, when it comes back after a gap, when
+its idle deadline passes (a heap of deadlines), or when a proposal or a control
+record asks for a decision (``_recheck``). A quiet partition in an unbroken run of
+observations costs nothing: its still time is read off the run's start.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +38,9 @@ TopicPartitionKey = tuple[str, int]
 # Partitions held aside at most (markers for partitions the broker does not list); more
 # are dropped and counted: a forged control topic cannot grow the emitter's memory.
 MAX_HELD = 1_000
+# Still times are differences of poll times, not sums of steps: a nanosecond of float
+# rounding must not put an IDLE marker off by a whole poll.
+ROUNDING_S = 1e-9
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,13 @@ class Proposal:
 
 
 @dataclass
+class Clock:
+    """The time of the detector's latest observation, shared by its partitions."""
+
+    now_s: float = 0.0
+
+
+@dataclass
 class PartitionState:
     """What the emitter knows of one partition."""
 
@@ -80,13 +97,24 @@ class PartitionState:
     # a deletion and the metadata that shows it, a broker may answer ListOffsets
     # for the topic's next incarnation, or with 0.)
     max_log_end_offset: int | None = None
-    # Seconds the log end has not moved, counted over successful polls only.
-    still_s: float = 0.0
-    last_observed_s: float | None = None
-    last_moved_wall_ms: int | None = None
+    # The idle clock counts only between successful observations: the still time of
+    # the runs a failed observation closed, plus the open run since ``run_started_s``
+    # (None while the clock is stopped, until the next successful observation).
+    still_closed_s: float = 0.0
+    run_started_s: float | None = None
     finish_requested: bool = False
     seq: int = 0
     last_marker: Marker | None = None
+    # The idle deadline this partition has in the detector's heap, if any.
+    deadline_s: float | None = None
+    clock: Clock = field(default_factory=Clock, repr=False, compare=False)
+
+    @property
+    def still_s(self) -> float:
+        """Seconds the log end has not moved, counted over successful polls only."""
+        if self.run_started_s is None:
+            return self.still_closed_s
+        return self.still_closed_s + max(0.0, self.clock.now_s - self.run_started_s)
 
 
 @dataclass
@@ -105,11 +133,26 @@ class Detector:
     # back if the partition appears (create_partitions). Bounded: see MAX_HELD.
     held: dict[TopicPartitionKey, PartitionState] = field(default_factory=dict)
     held_dropped: int = 0
+    # The previous observation's log ends: what "changed" is measured against.
+    _observed: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    # Partitions to decide on at their next observation, whatever their log end does.
+    _recheck: set[TopicPartitionKey] = field(default_factory=set)
+    # (idle deadline, partition) of ACTIVE partitions in an unbroken run.
+    _deadlines: list[tuple[float, TopicPartitionKey]] = field(default_factory=list)
+    _clock: Clock = field(default_factory=Clock)
+
+    def _state(self, key: TopicPartitionKey) -> PartitionState:
+        state = self.partitions.get(key)
+        if state is None:
+            # A partition seen for the first time is ACTIVE (what consumers assume).
+            state = self.partitions[key] = PartitionState(clock=self._clock)
+        return state
 
     def restore(self, markers: Iterable[Marker]) -> None:
         """Continues from the last marker of every partition (read back from the control topic)."""
         for marker in markers:
-            state = self.partitions.setdefault((marker.topic, marker.partition), PartitionState())
+            key = (marker.topic, marker.partition)
+            state = self._state(key)
             state.status = marker.status
             state.seq = marker.seq + 1
             state.last_marker = marker
@@ -118,57 +161,99 @@ class Detector:
             if marker.status is not MarkerStatus.ACTIVE:
                 state.log_end_offset = state.max_log_end_offset = marker.offset
             self._seen_topics.add(marker.topic)
+            self._recheck.add(key)
 
     def request_finish(self, topic: str, partition: int) -> None:
         """A finish request: FINISHED@log_end at the next poll that sees the log end."""
-        state = self.partitions.setdefault((topic, partition), PartitionState())
+        key = (topic, partition)
+        state = self._state(key)
         if state.status is not MarkerStatus.FINISHED:
             state.finish_requested = True
+            self._recheck.add(key)
 
     def observe(self, observation: Observation, watched_topics: Iterable[str]) -> list[Proposal]:
         """Updates clocks and log ends; returns the markers that should now be published."""
         proposals: list[Proposal] = []
-        now = observation.monotonic_s
+        log_ends = observation.log_end_offsets
         if observation.topics is not None:
             proposals += self._track_topics(observation.topics, watched_topics)
-        for key, log_end in observation.log_end_offsets.items():
-            state = self.partitions.get(key)
-            if state is None:
-                # A partition seen for the first time is ACTIVE (what consumers assume).
-                state = self.partitions[key] = PartitionState()
-            proposal = self._observe_partition(key, state, log_end, observation.wall_ms, now)
-            if proposal is not None:
-                proposals.append(proposal)
-        # A partition not observed this time keeps its clock stopped: the next
-        # successful observation starts counting from there, not from the gap.
-        for key, state in self.partitions.items():
-            if key not in observation.log_end_offsets:
-                state.last_observed_s = None
+        self._stop_unobserved_clocks(log_ends)
+        self._clock.now_s = observation.monotonic_s
+        proposals += self._decide_all(self._to_decide(log_ends), log_ends)
+        self._observed = dict(log_ends)
         return proposals
 
-    def _observe_partition(
-        self,
-        key: TopicPartitionKey,
-        state: PartitionState,
-        log_end: int,
-        wall_ms: int,
-        now: float,
+    def _stop_unobserved_clocks(self, log_ends: Mapping[TopicPartitionKey, int]) -> None:
+        """A partition not observed this time stops its clock at its last observation (the
+        previous one): the next successful observation counts from there, not from the gap."""
+        for key in self.partitions.keys() - log_ends.keys():
+            state = self.partitions[key]
+            if state.run_started_s is not None:
+                state.still_closed_s += max(0.0, self._clock.now_s - state.run_started_s)
+                state.run_started_s = None
+
+    def _to_decide(self, log_ends: Mapping[TopicPartitionKey, int]) -> set[TopicPartitionKey]:
+        """The partitions whose log end is new since the previous observation, those asked
+        for, and those whose idle deadline has passed: nothing else can change."""
+        decide = {key for key, _ in log_ends.items() - self._observed.items()}
+        decide |= self._recheck
+        self._recheck = set()
+        while self._deadlines and self._deadlines[0][0] <= self._clock.now_s + ROUNDING_S:
+            deadline, key = heapq.heappop(self._deadlines)
+            state = self.partitions.get(key) or self.held.get(key)
+            if state is not None and state.deadline_s == deadline:
+                state.deadline_s = None
+                decide.add(key)
+        first_seen = decide - self.partitions.keys()
+        if first_seen:  # states made in the observation's order, as the partitions were listed
+            for key in log_ends:
+                if key in first_seen:
+                    self._state(key)
+        return decide
+
+    def _decide_all(
+        self, decide: set[TopicPartitionKey], log_ends: Mapping[TopicPartitionKey, int]
+    ) -> list[Proposal]:
+        now = self._clock.now_s
+        decided: list[tuple[TopicPartitionKey, Proposal]] = []
+        for key in decide:
+            log_end = log_ends.get(key)
+            if log_end is None:
+                if key in self.partitions or key in self.held:
+                    self._recheck.add(key)  # not observed: decided when it is
+                continue
+            state = self._state(key)
+            self._update_clock(state, log_end, now)
+            proposal = self._decide(key, state, log_end, now)
+            if proposal is not None:
+                decided.append((key, proposal))
+                # Decided again next poll: proposed again until published, if still true,
+                # and a partition that became ACTIVE gets its idle deadline there.
+                self._recheck.add(key)
+        if len(decided) > 1:  # in the observation's order, as a full pass would give them
+            order = {key: index for index, key in enumerate(log_ends)}
+            decided.sort(key=lambda pair: order[pair[0]])
+        return [proposal for _, proposal in decided]
+
+    @staticmethod
+    def _update_clock(state: PartitionState, log_end: int, now: float) -> None:
+        previous = state.log_end_offset
+        state.log_end_offset = log_end
+        if state.status is MarkerStatus.FINISHED:
+            return  # FINISHED is terminal: no clock, and its end is already written
+        if previous is None or log_end != previous:
+            state.still_closed_s, state.run_started_s = 0.0, now
+        elif state.run_started_s is None:
+            state.run_started_s = now  # the clock resumes: the gap does not count
+        if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
+            state.max_log_end_offset = log_end
+
+    def _decide(
+        self, key: TopicPartitionKey, state: PartitionState, log_end: int, now: float
     ) -> Proposal | None:
         topic, partition = key
         if state.status is MarkerStatus.FINISHED:
-            state.log_end_offset = log_end
             return None  # FINISHED is terminal.
-        previous = state.log_end_offset
-        moved = previous is not None and log_end != previous
-        if previous is None or moved:
-            state.still_s = 0.0
-            state.last_moved_wall_ms = wall_ms
-        elif state.last_observed_s is not None:
-            state.still_s += max(0.0, now - state.last_observed_s)
-        state.log_end_offset = log_end
-        if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
-            state.max_log_end_offset = log_end
-        state.last_observed_s = now
         if state.finish_requested:
             return Proposal(
                 topic, partition, MarkerStatus.FINISHED, log_end, Reason.FINISH_REQUESTED
@@ -179,9 +264,21 @@ class Detector:
                 offset = min(state.idle_offset, log_end)
                 return Proposal(topic, partition, MarkerStatus.ACTIVE, offset, Reason.LOG_END_MOVED)
             return None
-        if state.still_s >= self.idle_timeout_s:
+        still_s = state.still_s
+        if still_s >= self.idle_timeout_s - ROUNDING_S:
             # ACTIVE -> IDLE when the log end has not moved for idle_timeout: IDLE@log_end.
             return Proposal(topic, partition, MarkerStatus.IDLE, log_end, Reason.IDLE_TIMEOUT)
+        # Not yet: decided again when the timeout would be reached, if nothing moves.
+        deadline = now + (self.idle_timeout_s - still_s)
+        # One live heap entry per partition; one that is due (or was dropped while the
+        # partition was held aside) is replaced.
+        if (
+            state.deadline_s is None
+            or state.deadline_s <= now + ROUNDING_S
+            or deadline < state.deadline_s
+        ):
+            state.deadline_s = deadline
+            heapq.heappush(self._deadlines, (deadline, key))
         return None
 
     def _track_topics(
@@ -225,6 +322,8 @@ class Detector:
         partition the metadata does not list is held aside until it is listed."""
         for key in [k for k in self.partitions if k[0] == topic and k[1] >= partition_count]:
             state = self.partitions.pop(key)
+            # Its clock stops where it was last observed, as for any partition not observed.
+            state.still_closed_s, state.run_started_s = state.still_s, None
             if len(self.held) < MAX_HELD:
                 self.held[key] = state
             else:
@@ -234,7 +333,8 @@ class Detector:
 
     def published(self, marker: Marker) -> None:
         """The broker acknowledged this marker: from now on it is the partition's status."""
-        state = self.partitions.setdefault((marker.topic, marker.partition), PartitionState())
+        key = (marker.topic, marker.partition)
+        state = self._state(key)
         state.status = marker.status
         state.seq = marker.seq + 1
         state.last_marker = marker
@@ -242,6 +342,10 @@ class Detector:
             state.idle_offset = marker.offset
         elif marker.status is MarkerStatus.ACTIVE:
             state.idle_offset = None
-            state.still_s = 0.0
+            # The still time starts again from here; the clock keeps running.
+            state.still_closed_s = 0.0
+            if state.run_started_s is not None:
+                state.run_started_s = self._clock.now_s
         else:
             state.finish_requested = False
+            state.still_closed_s, state.run_started_s = state.still_s, None  # clock stops

@@ -14,7 +14,9 @@ the log end passed C:
           +------------------------------------ wall time
 
 Runs of equal log ends keep only their first and last point, so the table
-stays small and the interpolation is exact to one poll.
+stays small and the interpolation is exact to one poll. A flat run's last point
+is written only when the run ends (the log end moves, or a poll does not read
+the partition): a poll costs in proportion to the partitions whose log end moved.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class LogEndTimeline:
     offsets: list[int] = field(default_factory=list)
 
     def record(self, wall_ms: int, log_end_offset: int) -> None:
+        if self.offsets and self.offsets[-1] == log_end_offset and self.wall_ms[-1] == wall_ms:
+            return  # the same point again
         if self.offsets and log_end_offset < self.offsets[-1]:
             # The log went backwards (topic recreated): the old timeline means nothing now.
             self.wall_ms.clear()
@@ -70,6 +74,38 @@ class LogEndTimeline:
         share = (committed_offset - before_offset) / (after_offset - before_offset)
         passed_ms = before_ms + share * (after_ms - before_ms)
         return max(0.0, (now_ms - passed_ms) / 1000)
+
+
+@dataclass
+class LogEndTimelines:
+    """The timelines of every watched partition, recorded from whole polls."""
+
+    timelines: dict[TopicPartitionKey, LogEndTimeline] = field(default_factory=dict)
+    _previous: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    _previous_wall_ms: int = 0
+
+    def record_poll(self, log_ends: Mapping[TopicPartitionKey, int], wall_ms: int) -> None:
+        """What one poll read. Only moved log ends are written, each with the end of the
+        flat run before it (the previous poll); a partition this poll did not read gets
+        its flat run's end now, as it would have had it been written every poll."""
+        previous, previous_wall_ms = self._previous, self._previous_wall_ms
+        for key, log_end in log_ends.items() - previous.items():
+            timeline = self.timelines.get(key)
+            if timeline is None:
+                timeline = self.timelines[key] = LogEndTimeline()
+            if key in previous:
+                timeline.record(previous_wall_ms, previous[key])
+            timeline.record(wall_ms, log_end)
+        for key in previous.keys() - log_ends.keys():
+            self.timelines[key].record(previous_wall_ms, previous[key])
+        self._previous, self._previous_wall_ms = dict(log_ends), wall_ms
+
+    def lag_seconds(
+        self, key: TopicPartitionKey, committed_offset: int, now_ms: int
+    ) -> float | None:
+        """LogEndTimeline.lag_seconds of one partition (None before it was read)."""
+        timeline = self.timelines.get(key)
+        return None if timeline is None else timeline.lag_seconds(committed_offset, now_ms)
 
 
 def lag_offsets(log_end_offset: int, committed_offset: int | None) -> int | None:

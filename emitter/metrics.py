@@ -8,8 +8,9 @@ scrapes, as kminion's exporter does, so a poll costs nothing for metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -54,12 +55,18 @@ class Snapshot:
     group_members: int | None = None
     unlisted_partitions: int = 0
     unlisted_partitions_dropped: int = 0
+    watched_partitions: int = 0
+
+
+class SnapshotSource(Protocol):
+    """The service's snapshot; ``rows=False`` leaves out the per-partition rows (the
+    registry's gauges need only counts: one scrape builds the rows once)."""
+
+    def __call__(self, rows: bool = True) -> Snapshot: ...
 
 
 class EmitterMetrics:
-    def __init__(
-        self, snapshot: Callable[[], Snapshot], registry: CollectorRegistry | None = None
-    ) -> None:
+    def __init__(self, snapshot: SnapshotSource, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._snapshot = snapshot
         r = self.registry
@@ -130,15 +137,15 @@ class EmitterMetrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: SnapshotSource) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
+        snap = self._snapshot(rows=False)
         yield GaugeMetricFamily(
             PREFIX + "watched_partitions",
             "Partitions of the watched topics being tracked.",
-            value=len(snap.partitions),
+            value=snap.watched_partitions,
         )
         yield GaugeMetricFamily(
             PREFIX + "unlisted_partitions",
@@ -248,7 +255,10 @@ def render_partition_families(snap: Snapshot) -> str:
 
 
 def _number(value: float) -> str:
-    """A sample value exactly as the encoders write it."""
+    """A sample value exactly as the encoders write it (floatToGoString), the common case
+    without its call: a non-negative number under a million is Python's float repr."""
+    if 0 <= value < 1_000_000:
+        return repr(float(value))
     text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
     return text
 

@@ -31,7 +31,7 @@ from emitter.control_topic import (
 from emitter.detector import Detector, Observation, Proposal
 from emitter.http_server import MetricsServer
 from emitter.kafka_logging import client_logging, once_per_interval
-from emitter.lag import LogEndTimeline, Ownership, lag_offsets, ownership
+from emitter.lag import LogEndTimelines, Ownership, lag_offsets, ownership
 from emitter.markers import EpochClaim, FinishRequest, Marker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
 from emitter.observer import BrokerObserver, BrokerView
@@ -70,7 +70,7 @@ class Emitter:
         self.broker_up = False
         self.metrics_port: int | None = None
         self._lock = threading.Lock()
-        self._timelines: dict[TopicPartitionKey, LogEndTimeline] = {}
+        self._timelines = LogEndTimelines()
         self._committed: dict[TopicPartitionKey, int] = {}
         self._ownership: Ownership | None = None
         self._assignment: dict[str, list[TopicPartitionKey]] | None = None
@@ -243,8 +243,7 @@ class Emitter:
     def _track_group(self, view: BrokerView, wall_ms: int) -> None:
         if self.config.group is None:
             return
-        for key, log_end in view.log_end_offsets.items():
-            self._timelines.setdefault(key, LogEndTimeline()).record(wall_ms, log_end)
+        self._timelines.record_poll(view.log_end_offsets, wall_ms)
         if view.committed_offsets is not None:
             self._committed = view.committed_offsets
         if view.assignment is not None:
@@ -304,28 +303,31 @@ class Emitter:
 
     # ------------------------------------------------------------------ views
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, rows: bool = True) -> Snapshot:
+        """The emitter's state for metrics, ``/status`` and the demo (one partition row
+        each, unless ``rows`` is False)."""
         now_ms = self._wall_ms()
         with self._lock:
-            rows = []
-            for (topic, partition), state in sorted(self.detector.partitions.items()):
-                committed = self._committed.get((topic, partition))
-                timeline = self._timelines.get((topic, partition))
-                rows.append(
+            partitions = self.detector.partitions
+            rows_of = sorted(partitions.items()) if rows else []
+            committed_offsets, timelines = self._committed, self._timelines
+            rows_out = []
+            for (topic, partition), state in rows_of:
+                committed = committed_offsets.get((topic, partition))
+                log_end = state.log_end_offset
+                rows_out.append(
                     PartitionRow(
                         topic=topic,
                         partition=partition,
                         status=state.status,
-                        log_end_offset=state.log_end_offset,
+                        log_end_offset=log_end,
                         still_seconds=state.still_s,
                         lag_offsets=(
-                            lag_offsets(state.log_end_offset, committed)
-                            if state.log_end_offset is not None
-                            else None
+                            lag_offsets(log_end, committed) if log_end is not None else None
                         ),
                         lag_seconds=(
-                            timeline.lag_seconds(committed, now_ms)
-                            if timeline is not None and committed is not None
+                            timelines.lag_seconds((topic, partition), committed, now_ms)
+                            if committed is not None
                             else None
                         ),
                     )
@@ -333,7 +335,8 @@ class Emitter:
             owners = self._ownership
             return Snapshot(
                 group=self.config.group,
-                partitions=rows,
+                partitions=rows_out,
+                watched_partitions=len(partitions),
                 missing_topics=sorted(self.detector.missing_topics),
                 partitions_without_owner=(len(owners.partitions_without_owner) if owners else None),
                 members_without_partitions=(

@@ -575,8 +575,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         )
         answers = list_offsets.submit(
             self._admin_client(),
-            partitions,
-            getattr(OffsetSpec, spec_name)(),
+            list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
             timeout_s=self.options.request_timeout_s,
             isolation_level=isolation,
         ).result(timeout=self.options.request_timeout_s)

@@ -318,3 +318,102 @@ def test_held_partitions_are_bounded_and_the_rest_counted() -> None:
     run(detector, obs(0, {0: 0}))
     assert len(detector.held) == MAX_HELD
     assert detector.held_dropped == 5
+
+
+# Many partitions, partial failures, undelivered markers, finish requests: the exact
+# proposals of every poll against a model written from DESIGN §4's sentences. Times are
+# whole seconds, so still times are exact in floating point.
+@st.composite
+def fleet_walks(draw: st.DrawFn) -> tuple[int, list[tuple[int, dict[int, int], bool, int | None]]]:
+    partitions = draw(st.integers(1, 5))
+    steps = draw(
+        st.lists(
+            st.tuples(
+                st.integers(1, 3),  # seconds since the previous poll
+                st.dictionaries(st.integers(0, partitions - 1), st.integers(0, 2)),  # growth
+                st.booleans(),  # the markers of this poll are delivered
+                st.one_of(st.none(), st.integers(0, partitions - 1)),  # a finish request
+            ),
+            max_size=40,
+        )
+    )
+    # Which partitions each poll reads: all, some (a failed batch), none (failed poll).
+    reads = draw(st.lists(st.sets(st.integers(0, partitions - 1)), min_size=len(steps)))
+    return partitions, [
+        (seconds, {p: g for p, g in growth.items() if p in read}, delivered, finish)
+        for (seconds, growth, delivered, finish), read in zip(steps, reads, strict=False)
+    ]
+
+
+@settings(max_examples=400, deadline=None)
+@given(fleet_walks(), st.integers(1, 6))
+def test_every_poll_proposes_exactly_what_the_rules_say(
+    walk: tuple[int, list[tuple[int, dict[int, int], bool, int | None]]], idle_timeout_s: int
+) -> None:
+    partitions, steps = walk
+    detector = Detector(idle_timeout_s=idle_timeout_s)
+    # The model: "per partition the status, the last log end offset, and how long the log
+    # end has been still, measured only over polls that succeeded".
+    log_end = dict.fromkeys(range(partitions), 0)
+    seen: dict[int, int] = {}  # last log end read
+    status = dict.fromkeys(range(partitions), ACTIVE)
+    idle_offset: dict[int, int] = {}
+    still = dict.fromkeys(range(partitions), 0)
+    read_last_poll: set[int] = set()
+    finish_asked: set[int] = set()
+    now = 0
+    first = {(T, p): 0 for p in range(partitions)}
+    assert detector.observe(Observation(now, 0, first, {T: partitions}), [T]) == []
+    seen, read_last_poll = dict(log_end), set(range(partitions))
+    for seconds, growth, delivered, finish in steps:
+        now += seconds
+        if finish is not None:
+            detector.request_finish(T, finish)
+            finish_asked.add(finish)
+        read = set(growth)
+        for p, g in growth.items():
+            log_end[p] += g
+        expected = []
+        for p in sorted(read):
+            moved = log_end[p] != seen[p]
+            if status[p] is not FINISHED:
+                # The still time counts only between two successful polls.
+                still[p] = 0 if moved else still[p] + (seconds if p in read_last_poll else 0)
+            seen[p] = log_end[p]
+            if status[p] is FINISHED:
+                continue  # terminal
+            if p in finish_asked:  # -> FINISHED on an explicit finish: FINISHED@log_end
+                expected.append(P(p, FINISHED, log_end[p], Reason.FINISH_REQUESTED))
+            elif status[p] is IDLE and log_end[p] != idle_offset[p]:
+                # IDLE -> ACTIVE when the log end moves: ACTIVE@previous_log_end
+                expected.append(P(p, ACTIVE, idle_offset[p], Reason.LOG_END_MOVED))
+            elif status[p] is ACTIVE and still[p] >= idle_timeout_s:
+                # ACTIVE -> IDLE when the log end has not moved for idle_timeout
+                expected.append(P(p, IDLE, log_end[p], Reason.IDLE_TIMEOUT))
+        read_last_poll = read
+        observation = Observation(now, now * 1000, {(T, p): log_end[p] for p in sorted(read)}, None)
+        proposals = detector.observe(observation, [T])
+        assert sorted(proposals, key=lambda x: x.partition) == expected
+        if not delivered:
+            continue  # undelivered: the status stays, and true proposals come again
+        for proposal in proposals:
+            p = proposal.partition
+            detector.published(
+                Marker(
+                    topic=T,
+                    partition=p,
+                    status=proposal.status,
+                    offset=proposal.offset,
+                    emitted_at=0,
+                    emitter_id="e",
+                    epoch=1,
+                    seq=detector.partitions[(T, p)].seq,
+                )
+            )
+            status[p] = proposal.status
+            if proposal.status is IDLE:
+                idle_offset[p] = proposal.offset
+            elif proposal.status is ACTIVE:
+                still[p] = 0  # a new ACTIVE period starts still from zero
+            else:
+                finish_asked.discard(p)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from emitter.lag import LogEndTimeline, lag_offsets, ownership
+from emitter.lag import LogEndTimeline, LogEndTimelines, lag_offsets, ownership
 
 
 def timeline(*points: tuple[int, int]) -> LogEndTimeline:
@@ -71,3 +73,31 @@ def test_ownership_of_a_group_without_members() -> None:
     result = ownership([("t", 0)], {})
     assert result.partitions_without_owner == {("t", 0)}
     assert result.members_without_partitions == set()
+
+
+# Polls of three partitions: per poll, each partition read with some growth, or not read.
+polls = st.lists(st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=3, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(polls, st.integers(0, 40))
+def test_timelines_written_on_change_answer_as_if_written_every_poll(
+    walk: list[list[int | None]], committed: int
+) -> None:
+    """The module docstring's rule: every read point is recorded (flat runs keeping their
+    first and last point). Recording only moved log ends must give the same lag."""
+    lazy, every_poll = LogEndTimelines(), {p: LogEndTimeline() for p in range(3)}
+    log_end = [0, 0, 0]
+    for poll, growths in enumerate(walk):
+        wall_ms = 1_000 * (poll + 1)
+        read = {}
+        for p, growth in enumerate(growths):
+            if growth is not None:
+                log_end[p] += growth
+                read[("t", p)] = log_end[p]
+                every_poll[p].record(wall_ms, log_end[p])
+        lazy.record_poll(read, wall_ms)
+        now_ms = wall_ms + 500
+        for p in range(3):
+            expected = every_poll[p].lag_seconds(committed, now_ms)
+            assert lazy.lag_seconds(("t", p), committed, now_ms) == expected

@@ -4,6 +4,8 @@ write for the same families, in the text format and in OpenMetrics."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
@@ -74,6 +76,24 @@ def test_the_direct_rendering_equals_the_encoders() -> None:
         openmetrics = openmetrics_latest(registry).decode()  # type: ignore[no-untyped-call]
         assert openmetrics.endswith("# EOF\n")
         assert render_partition_families(snap) == openmetrics[: -len("# EOF\n")]
+
+
+offsets = st.integers(0, 2**62)
+seconds = st.floats(0, 1e12, allow_nan=False) | st.sampled_from([0.0, 999_999.9, 1e6, 1e-05])
+
+
+@settings(max_examples=300, deadline=None)
+@given(offsets, seconds, offsets, seconds)
+def test_every_value_is_written_as_the_encoders_write_it(
+    log_end: int, still_s: float, lag: int, lag_s: float
+) -> None:
+    snap = Snapshot(
+        group="g",
+        partitions=[PartitionRow("t", 0, MarkerStatus.IDLE, log_end, still_s, lag, lag_s)],
+    )
+    registry = CollectorRegistry()
+    registry.register(_Reference(snap))
+    assert render_partition_families(snap) == generate_latest(registry).decode()
 
 
 def test_per_topic_aggregates_replace_the_per_partition_series() -> None:
