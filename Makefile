@@ -27,7 +27,7 @@ $(JARS): $(POMS)
 check-tools:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
 		"error: Python 3.11 is required, found " + sys.version.split()[0])'
-	@$(PYTHON) spark_consumer/java_check.py
+	@$(PYTHON) slackwater/java_check.py
 
 # promtool and prometheus (Debian's package) for the deploy tests.
 test-tools:
@@ -42,8 +42,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check emitter spark_consumer tests bench examples
-	$(BIN)/ruff format --check emitter spark_consumer tests bench examples
+	$(BIN)/ruff check slackwater emitter spark_consumer demo tests bench examples
+	$(BIN)/ruff format --check slackwater emitter spark_consumer demo tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -35,9 +35,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from emitter.config import EmitterConfig
-from emitter.http_server import exposition
-from emitter.kafka_broker import KafkaBroker
 from emitter.service import Emitter
+from slackwater.http_server import exposition
+from slackwater.kafka_broker import KafkaBroker
 
 
 def _create(admin: AdminClient, partitions: int) -> list[str]:

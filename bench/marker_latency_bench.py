@@ -24,8 +24,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import functions as F
 
-from emitter.kafka_broker import KafkaBroker
-from emitter.markers import Marker, MarkerStatus, encode
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.consume_job import spark_session
 from spark_consumer.source import read_stream
 

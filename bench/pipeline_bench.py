@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-from emitter.kafka_broker import KafkaBroker
+from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import spark_session, start
 from spark_consumer.source import SlackwaterKafkaSource, read_stream

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from emitter.kafka_broker import KafkaBroker
+from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import (
     Progress,
     RangePartition,

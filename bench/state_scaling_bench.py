@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from emitter.kafka_broker import KafkaBroker
+from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume_job import spark_session
 from spark_consumer.source import read_stream
 

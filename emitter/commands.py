@@ -14,14 +14,6 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from emitter.cli_types import (
-    duration,
-    ensure_port_free,
-    log_level,
-    port,
-    positive_seconds,
-    topic_name,
-)
 from emitter.config import EmitterConfig
 from emitter.control_topic import (
     ControlTopicError,
@@ -29,11 +21,45 @@ from emitter.control_topic import (
     ControlTopicWriter,
     last_marker_per_partition,
 )
-from emitter.lifecycle import stop_on_signals
-from emitter.markers import EpochClaim, FinishRequest, Marker, MarkerStatus
-from emitter.settings import ConfigError, config_from_args, parse_key_values
+from slackwater.cli import Commands
+from slackwater.cli_types import (
+    duration,
+    ensure_port_free,
+    log_level,
+    port,
+    positive_seconds,
+    topic_name,
+)
+from slackwater.lifecycle import stop_on_signals
+from slackwater.markers import EpochClaim, FinishRequest, Marker, MarkerStatus
+from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args, parse_key_values
 
-EXIT_CONFIG = 2
+
+def add_emit_command(commands: Commands, name: str) -> None:
+    emit = commands.add_parser(
+        name, help="watch partitions and publish IDLE/ACTIVE/FINISHED markers (sidecar)"
+    )
+    add_emit_arguments(emit)
+    emit.set_defaults(run=run_emit)
+
+
+def add_finish_command(commands: Commands, name: str) -> None:
+    finish = commands.add_parser(
+        name, help="declare a partition finished for ever (the emitter publishes FINISHED)"
+    )
+    add_control_arguments(finish)
+    finish.add_argument("--topic", required=True, type=topic_name)
+    finish.add_argument("--partition", type=int, required=True)
+    finish.set_defaults(run=run_finish)
+
+
+def add_status_command(commands: Commands, name: str) -> None:
+    status = commands.add_parser(
+        name, help="print each partition's last marker from the control topic"
+    )
+    add_control_arguments(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=run_status)
 
 
 def add_emit_arguments(parser: argparse.ArgumentParser) -> None:

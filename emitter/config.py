@@ -16,11 +16,10 @@ from pydantic import (
     field_validator,
 )
 
-from emitter.settings import parse_duration_ms, parse_key_values
+from slackwater.markers import TOPIC_NAME_PATTERN
+from slackwater.settings import DurationMs, KafkaConfig
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
-KafkaConfig = Annotated[dict[str, str], BeforeValidator(parse_key_values)]
-_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_TOPIC = re.compile(TOPIC_NAME_PATTERN)
 
 
 def _split_topics(value: Any) -> Any:

@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from emitter.kafka_logging import client_logging
-from emitter.markers import (
+from slackwater.kafka_logging import client_logging
+from slackwater.markers import (
     ControlRecord,
     EpochClaim,
     FinishRequest,
@@ -24,6 +24,7 @@ from emitter.markers import (
     Tombstone,
     decode,
     encode,
+    rejection,
     skip_reason,
 )
 
@@ -289,8 +290,8 @@ def claim_epoch(
 def last_marker_per_partition(records: Iterable[ControlRecord]) -> dict[tuple[str, int], Marker]:
     """The marker a consumer would hold last for each partition.
 
-    Markers of an older epoch than one already seen for the partition, and
-    anything after FINISHED, are ignored, as consumers ignore them (DESIGN §3).
+    A marker the protocol's acceptance rules reject (``markers.rejection``: an older
+    epoch, anything after FINISHED) is ignored, as consumers ignore it.
     """
     latest: dict[tuple[str, int], Marker] = {}
     for record in records:
@@ -298,10 +299,9 @@ def last_marker_per_partition(records: Iterable[ControlRecord]) -> dict[tuple[st
             continue
         key = (record.topic, record.partition)
         held = latest.get(key)
-        if held is None:
-            latest[key] = record
-        elif held.status is MarkerStatus.FINISHED:
-            continue  # FINISHED is terminal: what follows it is a violation
-        elif record.epoch >= held.epoch:
+        if (
+            held is None
+            or rejection(record, held.epoch, held.status is MarkerStatus.FINISHED) is None
+        ):
             latest[key] = record
     return latest

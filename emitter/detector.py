@@ -32,9 +32,8 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from emitter.markers import Marker, MarkerStatus
+from slackwater.markers import Marker, MarkerStatus, TopicPartitionKey
 
-TopicPartitionKey = tuple[str, int]
 # Partitions held aside at most (markers for partitions the broker does not list); more
 # are dropped and counted: a forged control topic cannot grow the emitter's memory.
 MAX_HELD = 1_000

@@ -25,7 +25,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-TopicPartitionKey = tuple[str, int]
+from slackwater.markers import TopicPartitionKey
 
 
 @dataclass

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from emitter.markers import MarkerStatus
+from slackwater.markers import MarkerStatus
 
 PREFIX = "slackwater_emitter_"
 

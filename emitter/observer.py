@@ -24,11 +24,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from emitter import list_offsets
+from slackwater import list_offsets
+from slackwater.markers import TopicPartitionKey
 
 log = logging.getLogger(__name__)
-
-TopicPartitionKey = tuple[str, int]
 
 
 class _Batch:

@@ -29,18 +29,16 @@ from emitter.control_topic import (
     last_marker_per_partition,
 )
 from emitter.detector import Detector, Observation, Proposal
-from emitter.http_server import MetricsServer
-from emitter.kafka_logging import client_logging, once_per_interval
 from emitter.lag import LogEndTimelines, Ownership, lag_offsets, ownership
-from emitter.markers import EpochClaim, FinishRequest, Marker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
 from emitter.observer import BrokerObserver, BrokerView
+from slackwater.http_server import MetricsServer
+from slackwater.kafka_logging import client_logging, once_per_interval
+from slackwater.markers import EpochClaim, FinishRequest, Marker, TopicPartitionKey
 
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
 log_unreachable = once_per_interval(f"{__name__}.connection")
-
-TopicPartitionKey = tuple[str, int]
 
 
 def _iso(wall_ms: int | None) -> str | None:

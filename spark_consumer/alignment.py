@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emitter.markers import Marker, MarkerStatus
+from slackwater.markers import Marker, MarkerStatus, rejection
 from spark_consumer.valve import Emitted, StatusWatermarkValve, WatermarkStatus
 
 NO_OFFSET = -1
@@ -129,15 +129,14 @@ class MarkerAligner:
             return self._reject(MarkerOutcome.OTHER_TOPIC)
         self.ensure_partitions([channel])
         state = self.partitions[channel]
-        # Markers of an older epoch than one seen for the partition are ignored.
-        if marker.epoch < state.epoch:
-            return self._reject(MarkerOutcome.STALE_EPOCH)
-        # FINISHED is terminal: anything after it is a violation, ignored.
+        # The protocol's acceptance rules (an older epoch, anything after FINISHED),
+        # FINISHED counting from when it is queued, not only once applied.
         finished = state.status is MarkerStatus.FINISHED or any(
             m.status is MarkerStatus.FINISHED for m in state.pending
         )
-        if finished:
-            return self._reject(MarkerOutcome.AFTER_FINISHED)
+        rejected = rejection(marker, state.epoch, finished)
+        if rejected is not None:
+            return self._reject(MarkerOutcome(rejected.value))
         state.epoch = marker.epoch
         state.pending.append(marker)
         return MarkerOutcome.PENDING

@@ -6,11 +6,18 @@ import argparse
 import logging
 import sys
 
-from emitter.cli_types import directory, duration, ensure_port_free, log_level, port, topic_name
-from emitter.lifecycle import stop_on_signals
-from emitter.settings import ConfigError, config_from_args
+from slackwater.cli import Commands
+from slackwater.cli_types import directory, duration, ensure_port_free, log_level, port, topic_name
+from slackwater.lifecycle import stop_on_signals
+from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args
 
-EXIT_CONFIG = 2
+
+def add_consume_command(commands: Commands, name: str) -> None:
+    consume = commands.add_parser(
+        name, help="the Spark consumer: data + control topics into event-time windows"
+    )
+    add_consume_arguments(consume)
+    consume.set_defaults(run=run_consume)
 
 
 def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +97,7 @@ def run_consume(args: argparse.Namespace) -> int:
         print(f"slackwater consume: {error}", file=sys.stderr)
         return EXIT_CONFIG
     logging.getLogger("py4j").setLevel(logging.INFO if verbose else logging.WARNING)
-    from spark_consumer.java_check import check_java
+    from slackwater.java_check import check_java
 
     problem = check_java()
     if problem is not None:
@@ -102,7 +109,7 @@ def run_consume(args: argparse.Namespace) -> int:
             print(f"slackwater consume: metrics port: {problem}", file=sys.stderr)
             return 1
 
-    from emitter.http_server import MetricsServer
+    from slackwater.http_server import MetricsServer
     from spark_consumer.consume_job import spark_session, start
     from spark_consumer.metrics import ConsumeMetrics
 

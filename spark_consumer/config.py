@@ -7,10 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from emitter.settings import parse_duration_ms, parse_key_values, parse_optional_duration_ms
+from slackwater.markers import TOPIC_NAME_PATTERN as _TOPIC
+from slackwater.settings import (
+    DurationMs,
+    KafkaConfig,
+    parse_duration_ms,
+    parse_optional_duration_ms,
+)
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
-_TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # What --agg takes: <function>:<JSON field>.
 AGGREGATIONS = ("sum", "min", "max", "avg", "approx_distinct")
@@ -51,9 +55,7 @@ class ConsumerConfig(BaseModel):
     compare: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)
-    kafka_config: Annotated[dict[str, str], BeforeValidator(parse_key_values)] = Field(
-        default_factory=dict
-    )
+    kafka_config: KafkaConfig = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> ConsumerConfig:

@@ -63,7 +63,7 @@ def spark_session(
     """A SparkSession for slackwater's jobs: Python workers on this interpreter, UTC,
     no UI or progress bars, Spark's own Kafka source on the classpath if set-up fetched
     it (only ``--compare`` and the demo's comparison use it)."""
-    from emitter.jars import SPARK_KAFKA, fetched_jar_files
+    from slackwater.jars import SPARK_KAFKA, fetched_jar_files
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cores = int(master[len("local[") : -1]) if master.startswith("local[") else 2
@@ -197,7 +197,7 @@ def start(spark: SparkSession, config: ConsumerConfig) -> ConsumeJob:
 def start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQuery:
     """The same count as a Spark user writes it today: Spark's own Kafka source and its
     watermark (newest event time over all partitions - delay), into ``<output>-plain-spark``."""
-    from emitter.jars import SPARK_KAFKA, jar_files
+    from slackwater.jars import SPARK_KAFKA, jar_files
 
     jar_files(SPARK_KAFKA)  # one clear line if set-up did not fetch Spark's Kafka source
     reader = (

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from emitter.settings import parse_duration_ms
+from slackwater.settings import parse_duration_ms
 
 RULES = "late, window:<size>[:<slide>] or session:<gap> (e.g. window:10s, session:30s)"
 

@@ -61,10 +61,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from emitter import list_offsets
-from emitter.kafka_logging import client_logging, once_per_interval
-from emitter.markers import MalformedControlRecord, Marker, Tombstone, decode
-from emitter.settings import parse_duration_ms, parse_optional_duration_ms
+from slackwater import list_offsets
+from slackwater.kafka_logging import client_logging, once_per_interval
+from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
+from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.event_time import (
     MAX_EVENT_TIME_MS,

@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming.query import StreamingQuery
 
-from emitter.http_server import MetricsServer
-from emitter.markers import MarkerStatus
+from slackwater.http_server import MetricsServer
+from slackwater.markers import MarkerStatus
 from spark_consumer.valve import WatermarkStatus
 
 PREFIX = "slackwater_source_"

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from emitter.kafka_broker import KafkaBroker
+from slackwater.kafka_broker import KafkaBroker
 
 if TYPE_CHECKING:
     from tests.emitter_harness import RunningEmitter

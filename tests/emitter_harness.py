@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import ControlTopicReader
-from emitter.markers import Marker
 from emitter.service import Emitter
+from slackwater.markers import Marker
 
 FAST = {
     "idle_timeout_ms": 1_000,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from emitter.markers import Marker, MarkerStatus, encode
+from slackwater.markers import Marker, MarkerStatus, encode
 
 BASE_MS = 1_700_000_000_000  # event times are BASE_MS + seconds * 1000
 

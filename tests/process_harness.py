@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+# The `slackwater` command as a user runs it, from this interpreter's environment.
+SLACKWATER = (sys.executable, "-m", "slackwater.cli")
 
 
 def wait_while_running(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emitter.markers import Marker, MarkerStatus
+from slackwater.markers import Marker, MarkerStatus
 from spark_consumer.alignment import MarkerAligner, MarkerOutcome, PartitionBatch
 from spark_consumer.valve import MAX_WATERMARK, Watermark, WatermarkStatus
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from emitter.kafka_broker import KafkaBroker
+from slackwater.kafka_broker import KafkaBroker
+from tests.process_harness import SLACKWATER
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a flag check must not get that far
 CONTROL = ["--bootstrap-servers", NOWHERE, "--control-topic", "c"]
@@ -47,7 +47,7 @@ CASES = [
 
 def _run(arguments: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "emitter.cli", *arguments],
+        [*SLACKWATER, *arguments],
         capture_output=True,
         text=True,
         timeout=60,
@@ -99,7 +99,7 @@ def test_emit_with_its_metrics_port_in_use_names_the_port(taken_port: int) -> No
 def test_demo_producer_to_a_topic_that_does_not_exist_is_one_line(broker: KafkaBroker) -> None:
     done = subprocess.run(
         [
-            sys.executable, "-m", "emitter.cli", "demo-producer", "--bootstrap-servers",
+            *SLACKWATER, "demo-producer", "--bootstrap-servers",
             broker.bootstrap_servers, "--topic", "no-such-topic-here", "--duration", "5s",
         ],
         capture_output=True, text=True, timeout=60, check=False,

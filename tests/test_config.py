@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pydantic
 import pytest
 
 from emitter.config import EmitterConfig
-from emitter.settings import ConfigError, load_config, parse_duration_ms
+from slackwater.settings import ConfigError, load_config, parse_duration_ms
+from tests.process_harness import SLACKWATER
 
 REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "ctl"}
 
@@ -101,7 +101,7 @@ def test_bad_field_is_named(values: dict[str, object], field: str) -> None:
 
 def _emit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "emitter.cli", "emit", *args],
+        [*SLACKWATER, "emit", *args],
         capture_output=True,
         text=True,
         timeout=60,

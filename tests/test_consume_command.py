@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -15,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emitter.kafka_broker import KafkaBroker, free_port
-from emitter.markers import MarkerStatus
+from slackwater.kafka_broker import KafkaBroker, free_port
+from slackwater.markers import MarkerStatus
 from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import scrape, wait_while_running
+from tests.process_harness import SLACKWATER, scrape, wait_while_running
 from tests.source_harness import iso_ms, late_output_rows
 from tests.test_deploy import deploy_metric_names
 
@@ -33,7 +32,7 @@ def _consume(
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "emitter.cli", "consume",
+            *SLACKWATER, "consume",
             "--bootstrap-servers", bootstrap, "--topic", topic, "--control-topic", control,
             "--window", "5s", "--max-out-of-orderness", "1s", "--trigger", "300ms",
             "--output", str(tmp / "out"), "--checkpoint", str(tmp / "checkpoint"),

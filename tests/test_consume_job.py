@@ -16,8 +16,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from emitter.kafka_broker import KafkaBroker
-from emitter.markers import MarkerStatus
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.markers import MarkerStatus
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import ConsumeJob, start
 from tests.conftest import TopicFactory

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from emitter.settings import ConfigError, load_config
+from slackwater.settings import ConfigError, load_config
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import aggregation_column, late_rule
 

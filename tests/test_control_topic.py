@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from emitter.control_topic import last_marker_per_partition
-from emitter.markers import ControlRecord, FinishRequest, Marker, MarkerStatus, OtherRecord
+from slackwater.markers import ControlRecord, FinishRequest, Marker, MarkerStatus, OtherRecord
 
 
 def _m(partition: int, status: MarkerStatus, offset: int, epoch: int, seq: int) -> Marker:

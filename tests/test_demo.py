@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from spark_consumer.consume_job import committed_rows
+from tests.process_harness import SLACKWATER
 
 pytestmark = pytest.mark.integration
 
@@ -19,9 +19,7 @@ def test_demo_runs_the_main_job_with_no_late_records_where_plain_spark_loses_som
 ) -> None:
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "emitter.cli",
+            *SLACKWATER,
             "demo",
             "--duration",
             "40s",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from emitter.kafka_broker import KafkaBroker, free_port
+from slackwater.kafka_broker import KafkaBroker, free_port
 from tests.conftest import TopicFactory
 from tests.emitter_harness import (
     RunningEmitter,

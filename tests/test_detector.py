@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emitter.detector import Detector, Observation, Proposal, Reason
-from emitter.markers import Marker, MarkerStatus
+from slackwater.markers import Marker, MarkerStatus
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 T = "orders"

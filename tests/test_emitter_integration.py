@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from emitter.kafka_broker import KafkaBroker
-from emitter.markers import MarkerStatus
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.markers import MarkerStatus
 from tests.conftest import EmitterFactory, TopicFactory
 from tests.emitter_harness import (
     DEADLINE_S,
@@ -23,6 +22,7 @@ from tests.emitter_harness import (
     produce_one,
     wait_until,
 )
+from tests.process_harness import SLACKWATER
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 POLL_S = FAST["poll_interval_ms"] / 1000
@@ -34,9 +34,7 @@ def _finish(
     """Runs ``slackwater finish`` as a user would."""
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "emitter.cli",
+            *SLACKWATER,
             "finish",
             "--bootstrap-servers",
             broker.bootstrap_servers,
@@ -128,9 +126,7 @@ def test_finish_publishes_finished_and_nothing_after(
     assert _markers_of(broker.bootstrap_servers, control, 0) == [(FINISHED, 4)]
     status = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "emitter.cli",
+            *SLACKWATER,
             "status",
             "--bootstrap-servers",
             broker.bootstrap_servers,
@@ -338,14 +334,12 @@ def test_group_lag_in_offsets_and_seconds(
 def test_emit_command_serves_metrics_and_exits_0_on_sigterm(
     broker: KafkaBroker, new_topic: TopicFactory
 ) -> None:
-    from emitter.kafka_broker import free_port
+    from slackwater.kafka_broker import free_port
 
     topic, control, port = new_topic(partitions=1), _control(), free_port()
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "emitter.cli",
+            *SLACKWATER,
             "emit",
             "--bootstrap-servers",
             broker.bootstrap_servers,
@@ -396,7 +390,7 @@ def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
 ) -> None:
     import json
 
-    from emitter.markers import Marker, encode
+    from slackwater.markers import Marker, encode
 
     control = new_topic(partitions=1, prefix="ctl")
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
@@ -417,7 +411,7 @@ def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
     assert producer.flush(10) == 0
     status = subprocess.run(
         [
-            sys.executable, "-m", "emitter.cli", "status", "--json",
+            *SLACKWATER, "status", "--json",
             "--bootstrap-servers", broker.bootstrap_servers, "--control-topic", control,
         ],
         capture_output=True, text=True, timeout=60, check=False,
@@ -441,7 +435,7 @@ def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
 def test_markers_for_topics_not_watched_do_not_become_partitions(
     broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
-    from emitter.markers import Marker, encode
+    from slackwater.markers import Marker, encode
 
     topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
     forged = Marker(

@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from emitter.kafka_broker import KafkaBroker
-from emitter.markers import MarkerStatus
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.markers import MarkerStatus
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import wait_while_running

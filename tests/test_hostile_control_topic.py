@@ -12,18 +12,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from emitter.kafka_broker import KafkaBroker, free_port
-from emitter.markers import EpochClaim, Marker, MarkerStatus, encode
+from slackwater.kafka_broker import KafkaBroker, free_port
+from slackwater.markers import EpochClaim, Marker, MarkerStatus, encode
 from tests.conftest import TopicFactory
 from tests.emitter_harness import DEADLINE_S, control_markers
 from tests.kafka_writer import Writer
-from tests.process_harness import scrape, wait_while_running
+from tests.process_harness import SLACKWATER, scrape, wait_while_running
 from tests.source_harness import events, window_job
 
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
@@ -79,7 +78,7 @@ def _garbage(topic: str) -> dict[str, list[tuple[bytes | None, bytes | None]]]:
 
 
 def _slackwater(*arguments: str) -> list[str]:
-    return [sys.executable, "-m", "emitter.cli", *arguments]
+    return [*SLACKWATER, *arguments]
 
 
 def _emit(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyspark
 
-from emitter.jars import KAFKA_BROKER, SPARK_KAFKA, jar_files
+from slackwater.jars import KAFKA_BROKER, SPARK_KAFKA, jar_files
 
 POM = Path(__file__).resolve().parents[1] / "deploy" / "jars" / "pom.xml"
 NS = {"m": "http://maven.apache.org/POM/4.0.0"}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_consumer.java_check import parse_major_version
+from slackwater.java_check import parse_major_version
 
-SCRIPT = Path(__file__).resolve().parents[1] / "spark_consumer" / "java_check.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "slackwater" / "java_check.py"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from emitter.kafka_broker import BrokerError, KafkaBroker, cluster_id, free_port
+from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, free_port
 from tests.conftest import TopicFactory
+from tests.process_harness import SLACKWATER
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_starting_on_a_taken_port_fails_clearly(broker: KafkaBroker) -> None:
 
 def _start_cli(port: int, *extra: str) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "emitter.cli", "broker", "--port", str(port), *extra],
+        [*SLACKWATER, "broker", "--port", str(port), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -136,7 +136,7 @@ def test_cli_broker_with_log_dir_keeps_topics_for_the_next_start(tmp_path: Path)
 )
 def test_cli_broker_rejects_a_bad_port_in_one_line(arguments: list[str], message: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "emitter.cli", "broker", *arguments],
+        [*SLACKWATER, "broker", *arguments],
         capture_output=True,
         text=True,
         timeout=30,

@@ -7,14 +7,14 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from emitter.kafka_broker import free_port
-from emitter.kafka_logging import OncePerInterval, client_logging
+from slackwater.kafka_broker import free_port
+from slackwater.kafka_logging import OncePerInterval, client_logging
+from tests.process_harness import SLACKWATER
 
 
 def _record(message: str, name: str = "t", level: int = logging.WARNING) -> logging.LogRecord:
@@ -74,7 +74,12 @@ def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(
     log = tmp_path / "out.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "emitter.cli", *arguments, "--bootstrap-servers", UNREACHABLE],
+            [
+                *SLACKWATER,
+                *arguments,
+                "--bootstrap-servers",
+                UNREACHABLE,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emitter.markers import (
+from slackwater.markers import (
     MAX_TIMESTAMP_MS,
     MIN_TIMESTAMP_MS,
     EpochClaim,

@@ -12,7 +12,6 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
-from emitter.markers import MarkerStatus
 from emitter.metrics import (
     PARTITION_HELP,
     PREFIX,
@@ -21,6 +20,7 @@ from emitter.metrics import (
     render_partition_families,
     render_topic_families,
 )
+from slackwater.markers import MarkerStatus
 
 
 def _snapshot(group: str | None) -> Snapshot:

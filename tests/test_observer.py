@@ -6,9 +6,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from emitter import list_offsets
-from emitter.kafka_broker import KafkaBroker
 from emitter.observer import BrokerObserver
+from slackwater import list_offsets
+from slackwater.kafka_broker import KafkaBroker
 from tests.conftest import TopicFactory
 from tests.emitter_harness import commit, produce_one
 

@@ -22,8 +22,8 @@ from confluent_kafka.admin import (
 )
 
 from emitter.control_topic import ControlTopicReader
-from emitter.kafka_broker import KafkaBroker
-from emitter.markers import ControlRecord, MarkerStatus
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.markers import ControlRecord, MarkerStatus
 from tests.conftest import TEST_BROKER_SETTINGS, EmitterFactory, TopicFactory
 from tests.emitter_harness import (
     RunningEmitter,

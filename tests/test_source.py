@@ -12,8 +12,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
-from emitter.kafka_broker import KafkaBroker, free_port
-from emitter.markers import MarkerStatus
+from slackwater.kafka_broker import KafkaBroker, free_port
+from slackwater.markers import MarkerStatus
 from spark_consumer.source import (
     SlackwaterKafkaSource,
     SlackwaterStreamReader,

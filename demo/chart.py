@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from emitter.markers import MarkerStatus
+from slackwater.markers import MarkerStatus
 from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
 

@@ -2,7 +2,7 @@
 and Spark's Kafka source with it), and says so in one line if one is missing.
 
 Runs with the system Python before any virtual environment exists:
-``python3 spark_consumer/java_check.py`` exits 0, or 1 with one line on stderr.
+``python3 slackwater/java_check.py`` exits 0, or 1 with one line on stderr.
 """
 
 from __future__ import annotations

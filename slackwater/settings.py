@@ -14,12 +14,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 ENV_PREFIX = "SLACKWATER_"
+# The exit code of every command for a configuration problem.
+EXIT_CONFIG = 2
 
 _Config = TypeVar("_Config", bound=BaseModel)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
@@ -123,3 +125,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
     return {str(key).replace("-", "_"): value for key, value in document.items()}
+
+
+# A config field in milliseconds that takes '500ms', '3s', '5m' or '1h' (or a number).
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+# Extra Kafka client settings: a mapping, or 'key=value,key=value' text.
+KafkaConfig = Annotated[dict[str, str], BeforeValidator(parse_key_values)]

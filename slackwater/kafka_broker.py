@@ -1,7 +1,7 @@
 """Apache Kafka itself on a loopback port: one KRaft node, broker and controller in one JVM.
 
 What `slackwater broker`, the integration tests and `make demo` run (DESIGN §7), from the jars
-set-up fetched (`emitter.jars`). Start formats the log directory (unless it already holds a
+set-up fetched (`slackwater.jars`). Start formats the log directory (unless it already holds a
 formatted one), launches `kafka.Kafka` with its log in a file, and waits until the broker
 answers metadata requests. Stop sends SIGTERM (Kafka's controlled shutdown) and, for a
 temporary log directory, removes it. The same object can be started again on the same log
@@ -26,8 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from emitter.cli_types import ensure_port_free
-from emitter.jars import KAFKA_BROKER, MissingJarsError, jar_files
+from slackwater.cli_types import ensure_port_free
+from slackwater.jars import KAFKA_BROKER, MissingJarsError, jar_files
 
 _PR_SET_PDEATHSIG = 1
 _NODE_ID = 1

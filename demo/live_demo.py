@@ -39,12 +39,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from demo.chart import Sample, write_chart
 from emitter.config import EmitterConfig
-from emitter.kafka_broker import KafkaBroker
-from emitter.kafka_logging import LOGGER_NAME as LIBRDKAFKA_LOGGER
-from emitter.kafka_logging import client_logging
-from emitter.markers import MarkerStatus
 from emitter.service import Emitter
+from slackwater.kafka_broker import KafkaBroker
+from slackwater.kafka_logging import LOGGER_NAME as LIBRDKAFKA_LOGGER
+from slackwater.kafka_logging import client_logging
+from slackwater.markers import MarkerStatus
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import (
     committed_rows,
@@ -53,7 +54,6 @@ from spark_consumer.consume_job import (
     start,
     windows_emitted,
 )
-from spark_consumer.demo_chart import Sample, write_chart
 from spark_consumer.source_metrics import offsets_in, partitions_of
 from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
@@ -165,7 +165,7 @@ def produce_script(
                 [
                     sys.executable,
                     "-m",
-                    "emitter.cli",
+                    "slackwater.cli",
                     "finish",
                     "--bootstrap-servers",
                     bootstrap,

@@ -8,11 +8,12 @@ import re
 import socket
 from pathlib import Path
 
-from emitter.settings import parse_duration_ms
+from slackwater.markers import TOPIC_NAME_PATTERN
+from slackwater.settings import parse_duration_ms
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Kafka's rule: 1-249 characters of ASCII letters, digits, '.', '_' and '-', not '.'/'..'.
-_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_TOPIC = re.compile(TOPIC_NAME_PATTERN)
 
 
 def port(value: str) -> int:

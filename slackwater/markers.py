@@ -32,7 +32,10 @@ FINISH_REQUEST_KIND = "finish_request"
 EPOCH_CLAIM_KIND = "epoch_claim"
 
 # Kafka topic names: 1-249 characters of [a-zA-Z0-9._-] (no ':' so keys split cleanly).
-TopicName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9._-]{1,249}$")]
+TOPIC_NAME_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+TopicName = Annotated[str, StringConstraints(pattern=TOPIC_NAME_PATTERN)]
+# A data partition, as every reader of the protocol keys its state.
+TopicPartitionKey = tuple[str, int]
 # Every integer is one a JVM consumer can parse: a signed 64-bit value.
 INT64_MAX = 2**63 - 1
 NonNegativeInt = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -230,3 +233,24 @@ def _check_key(key: bytes | str | None, expected: str) -> None:
             raise MalformedControlRecord("key is not UTF-8") from None
     if key != expected:
         raise MalformedControlRecord(f"key {key!r} does not match value (expected {expected!r})")
+
+
+class Rejection(enum.StrEnum):
+    """Why a partition's next marker is ignored (DESIGN §3); consumers count these."""
+
+    STALE_EPOCH = "stale_epoch"
+    AFTER_FINISHED = "after_finished"
+
+
+def rejection(marker: Marker, epoch_seen: int, finished: bool) -> Rejection | None:
+    """The acceptance rules of a partition's next marker, for every reader of the control
+    topic (the emitter restoring, ``slackwater status``, the consumer's aligner): None
+    when accepted. ``epoch_seen`` is the highest epoch accepted for the partition so far
+    (-1 for none), ``finished`` whether a FINISHED marker was accepted."""
+    # Markers of an older epoch than one seen for the partition are ignored.
+    if marker.epoch < epoch_seen:
+        return Rejection.STALE_EPOCH
+    # FINISHED is terminal: anything after it is a violation, ignored.
+    if finished:
+        return Rejection.AFTER_FINISHED
+    return None

@@ -1,0 +1,71 @@
+"""Three floors, every import pointing down (docs/architecture.md).
+
+``slackwater`` (ground) imports none of the others; ``emitter`` and ``spark_consumer``
+(middle) import ``slackwater`` only, never each other; ``demo`` (top) may import all.
+Imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("slackwater", "emitter", "spark_consumer", "demo")
+# What each package may import among ours, besides itself.
+ALLOWED = {
+    "slackwater": set(),
+    "emitter": {"slackwater"},
+    "spark_consumer": {"slackwater"},
+    "demo": {"slackwater", "emitter", "spark_consumer"},
+}
+
+
+def our_imports(path: Path) -> set[str]:
+    """The top-level packages of ours that a module imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found |= {name.split(".")[0] for name in names} & set(PACKAGES)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_down(package: str) -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for imported in our_imports(path) - ALLOWED[package] - {package}
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_rule_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from spark_consumer.valve import X\n    import emitter.lag\n")
+    assert our_imports(module) == {"spark_consumer", "emitter"}
+
+
+def test_every_subcommand_is_an_entry_point_of_its_own_floor() -> None:
+    """The shell finds the subcommands; each lives in the package that owns the job."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    commands = project["project"]["entry-points"]["slackwater.commands"]
+    owners = {name: target.split(".")[0] for name, target in commands.items()}
+    assert owners == {
+        "broker": "slackwater",
+        "emit": "emitter",
+        "finish": "emitter",
+        "status": "emitter",
+        "consume": "spark_consumer",
+        "demo": "demo",
+        "demo-producer": "demo",
+    }
