@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from slackwater import kafka_clients
 from slackwater.cli import Commands
 from slackwater.cli_types import directory, duration, topic_name
 from slackwater.jars import MissingJarsError
@@ -97,11 +98,8 @@ def _missing_topic(bootstrap_servers: str, topic: str, stop: threading.Event) ->
     """Why the topic cannot be produced to, once the broker answers (None: it exists, or
     a stop came first). While the broker cannot be reached, keeps asking."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
-    from slackwater.kafka_logging import client_logging
-
-    admin = AdminClient({**client_logging("demo-producer"), "bootstrap.servers": bootstrap_servers})
+    admin = kafka_clients.admin_client("demo-producer", bootstrap_servers)
     while not stop.is_set():
         try:
             metadata = admin.list_topics(timeout=2)

@@ -32,8 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console, Group
 from rich.live import Live
@@ -42,9 +41,9 @@ from rich.table import Table
 from demo.chart import Sample, write_chart
 from emitter.config import EmitterConfig
 from emitter.service import Emitter
+from slackwater import kafka_clients
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_logging import LOGGER_NAME as LIBRDKAFKA_LOGGER
-from slackwater.kafka_logging import client_logging
 from slackwater.markers import MarkerStatus
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.consume_job import (
@@ -129,9 +128,7 @@ def produce_script(
 ) -> None:
     """The demo's producer script (module docstring), from now for ``duration_s``."""
     started = time.monotonic()
-    producer = Producer(
-        {**client_logging("demo-producer"), "bootstrap.servers": bootstrap, "linger.ms": 0}
-    )
+    producer = kafka_clients.producer("demo-producer", bootstrap, ours={"linger.ms": 0})
     rng = random.Random(42)
     finish_sent = False
     while not stop.is_set():
@@ -236,6 +233,7 @@ def run_live_demo(
     console: Console | None = None,
     compare: bool = False,
 ) -> int:
+    """Broker, topic, emitter, the consume job, then the script: live until it ends."""
     console = console or Console(soft_wrap=True)
     # librdkafka's warnings while a fresh broker starts (its coordinators loading) sort
     # themselves out: the demo shows errors only.
@@ -246,53 +244,18 @@ def run_live_demo(
     with KafkaBroker() as broker:
         bootstrap = broker.bootstrap_servers
         console.print(f"Apache Kafka (KRaft) on {bootstrap}; output in {output_dir}")
-        admin = AdminClient({**client_logging("demo"), "bootstrap.servers": bootstrap})
-        for future in admin.create_topics(
-            [
-                NewTopic(DATA_TOPIC, num_partitions=PARTITIONS, replication_factor=1),
-            ]
-        ).values():
-            future.result(10)
-        del admin
-        emitter = Emitter(
-            EmitterConfig(
-                bootstrap_servers=bootstrap,
-                topics=[DATA_TOPIC],
-                control_topic=CONTROL_TOPIC,
-                idle_timeout_ms=5_000,
-                poll_interval_ms=500,
-                metadata_interval_ms=2_000,
-                metrics_port=0,
-                emitter_id="demo-emitter",
-            )
-        )
+        _create_data_topic(bootstrap)
+        emitter = Emitter(_emitter_config(bootstrap))
         emitter_thread = threading.Thread(target=emitter.run, args=(stop,), daemon=True)
         console.print("starting Spark (local[2]) ...")
         spark = spark_session("slackwater-demo")
-        config = ConsumerConfig(
-            bootstrap_servers=bootstrap,
-            topics=(DATA_TOPIC,),
-            control_topic=CONTROL_TOPIC,
-            window_ms=5_000,
-            max_out_of_orderness_ms=1_000,
-            trigger_ms=1_000,
-            output=str(output_dir / "windows"),
-            checkpoint=str(output_dir / "checkpoint"),
-            metrics_port=None,
-            compare=compare,
-        )
+        config = _consumer_config(bootstrap, output_dir, compare)
         job = start(spark, config)
         query, plain = job.query, job.plain_spark
         # The emitter and the script start once the consumer's trigger loop runs,
         # so that what they show happens while the consumer is live, however long
         # Spark took to start (and no empty partition is marked IDLE meanwhile).
-        deadline = time.monotonic() + 180
-        while (
-            query.exception() is None
-            and time.monotonic() < deadline
-            and "Waiting" not in str(query.status.get("message", ""))
-        ):
-            time.sleep(0.2)
+        _wait_for_trigger_loop(query)
         emitter_thread.start()
         with state.lock:
             state.started = time.monotonic()
@@ -327,6 +290,53 @@ def run_live_demo(
             del emitter, query, plain, job  # their Kafka clients go before the broker does
             gc.collect()
     return _summary(console, state, markers, output_dir, failure)
+
+
+def _create_data_topic(bootstrap: str) -> None:
+    admin = kafka_clients.admin_client("demo", bootstrap)
+    topic = NewTopic(DATA_TOPIC, num_partitions=PARTITIONS, replication_factor=1)
+    for future in admin.create_topics([topic]).values():
+        future.result(10)
+
+
+def _emitter_config(bootstrap: str) -> EmitterConfig:
+    """The demo's emitter: a 5 s idle timeout, so that idleness shows within the script."""
+    return EmitterConfig(
+        bootstrap_servers=bootstrap,
+        topics=[DATA_TOPIC],
+        control_topic=CONTROL_TOPIC,
+        idle_timeout_ms=5_000,
+        poll_interval_ms=500,
+        metadata_interval_ms=2_000,
+        metrics_port=0,
+        emitter_id="demo-emitter",
+    )
+
+
+def _consumer_config(bootstrap: str, output_dir: Path, compare: bool) -> ConsumerConfig:
+    """`slackwater consume`'s job: 5 s windows, 1 s out-of-orderness, a 1 s trigger."""
+    return ConsumerConfig(
+        bootstrap_servers=bootstrap,
+        topics=(DATA_TOPIC,),
+        control_topic=CONTROL_TOPIC,
+        window_ms=5_000,
+        max_out_of_orderness_ms=1_000,
+        trigger_ms=1_000,
+        output=str(output_dir / "windows"),
+        checkpoint=str(output_dir / "checkpoint"),
+        metrics_port=None,
+        compare=compare,
+    )
+
+
+def _wait_for_trigger_loop(query: StreamingQuery, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (
+        query.exception() is None
+        and time.monotonic() < deadline
+        and "Waiting" not in str(query.status.get("message", ""))
+    ):
+        time.sleep(0.2)
 
 
 def _watch(

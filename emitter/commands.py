@@ -12,15 +12,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import (
     ControlTopicError,
     ControlTopicReader,
     ControlTopicWriter,
+    ReadBack,
     last_marker_per_partition,
 )
+from slackwater import kafka_clients
 from slackwater.cli import Commands
 from slackwater.cli_types import (
     duration,
@@ -157,7 +158,7 @@ def run_finish(args: argparse.Namespace) -> int:
     if args.partition < 0:
         print("slackwater finish: invalid config field 'partition': must be >= 0", file=sys.stderr)
         return EXIT_CONFIG
-    admin = AdminClient({**kafka, "bootstrap.servers": args.bootstrap_servers})
+    admin = kafka_clients.admin_client("finish", args.bootstrap_servers, kafka)
     try:
         topics = admin.list_topics(timeout=args.timeout).topics
     except KafkaException as error:
@@ -202,6 +203,27 @@ def run_status(args: argparse.Namespace) -> int:
     kafka = _kafka_config(args)
     if kafka is None:
         return EXIT_CONFIG
+    read = _read_control_topic(args, kafka)
+    if read is None:
+        return 1
+    rows = status_rows(read)
+    emitters = _emitters(read)
+    if args.json:
+        document = {
+            "partitions": rows,
+            "malformed_records": read.malformed,
+            "tombstones": read.tombstones,
+            "skipped": dict(sorted(read.skipped.items())),
+            "emitters": {emitter: sorted(epochs) for emitter, epochs in sorted(emitters.items())},
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        _print_status(args.control_topic, rows, emitters, read)
+    return 0
+
+
+def _read_control_topic(args: argparse.Namespace, kafka: dict[str, str]) -> ReadBack | None:
+    """The whole control topic, or None after one line on stderr saying why not."""
     try:
         reader = ControlTopicReader(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
     except (KafkaException, KeyError) as error:
@@ -209,14 +231,19 @@ def run_status(args: argparse.Namespace) -> int:
             f"slackwater status: cannot read control topic {args.control_topic!r}: {error}",
             file=sys.stderr,
         )
-        return 1
+        return None
     try:
-        read = reader.read_to_end()
+        return reader.read_to_end()
     except (ControlTopicError, KafkaException) as error:
         print(f"slackwater status: {error}", file=sys.stderr)
-        return 1
+        return None
     finally:
         reader.close()
+
+
+def status_rows(read: ReadBack) -> list[dict[str, Any]]:
+    """One row per partition: its last marker as consumers hold it, then the partitions
+    with a finish request and no marker yet."""
     latest = last_marker_per_partition(read.records)
     requested = {(r.topic, r.partition) for r in read.records if isinstance(r, FinishRequest)}
     rows: list[dict[str, Any]] = []
@@ -251,23 +278,23 @@ def run_status(args: argparse.Namespace) -> int:
                 "finish_pending": True,
             }
         )
-    # Who wrote markers and epoch claims: a writer that should not be there stands out.
+    return rows
+
+
+def _emitters(read: ReadBack) -> dict[str, set[int]]:
+    """Who wrote markers and epoch claims: a writer that should not be there stands out."""
     emitters: dict[str, set[int]] = {}
     for record in read.records:
         if isinstance(record, Marker | EpochClaim):
             emitters.setdefault(record.emitter_id, set()).add(record.epoch)
-    if args.json:
-        document = {
-            "partitions": rows,
-            "malformed_records": read.malformed,
-            "tombstones": read.tombstones,
-            "skipped": dict(sorted(read.skipped.items())),
-            "emitters": {emitter: sorted(epochs) for emitter, epochs in sorted(emitters.items())},
-        }
-        print(json.dumps(document, indent=2))
-        return 0
+    return emitters
+
+
+def _print_status(
+    control_topic: str, rows: list[dict[str, Any]], emitters: dict[str, set[int]], read: ReadBack
+) -> None:
     if not rows:
-        print(f"no markers on {args.control_topic}")
+        print(f"no markers on {control_topic}")
     for row in rows:
         note = "  (finish requested)" if row["finish_pending"] else ""
         print(
@@ -281,4 +308,3 @@ def run_status(args: argparse.Namespace) -> int:
     if read.skipped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(read.skipped.items()))
         print(f"skipped {sum(read.skipped.values())} control records ({reasons})")
-    return 0

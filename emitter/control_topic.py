@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from slackwater.kafka_logging import client_logging
+from slackwater import kafka_clients
 from slackwater.markers import (
     ControlRecord,
     EpochClaim,
@@ -102,16 +102,16 @@ class ControlTopicReader:
         self._topic = topic
         self._timeout_s = timeout_s
         self._on_malformed = on_malformed
-        self._consumer = Consumer(
+        self._consumer = kafka_clients.consumer(
+            "control-reader",
+            bootstrap_servers,
+            kafka_config,
             {
-                **kafka_config,
-                **client_logging("control-reader"),
-                "bootstrap.servers": bootstrap_servers,
                 "group.id": f"slackwater-control-reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
-            }
+            },
         )
         metadata = self._consumer.list_topics(topic, timeout=timeout_s)
         partitions = metadata.topics[topic].partitions
@@ -208,17 +208,17 @@ class ControlTopicWriter:
     ) -> None:
         self._topic = topic
         self._delivery_timeout_s = delivery_timeout_s
-        self._producer = Producer(
+        self._producer = kafka_clients.producer(
+            "control-writer",
+            bootstrap_servers,
+            kafka_config,
             {
-                **kafka_config,
-                **client_logging("control-writer"),
-                "bootstrap.servers": bootstrap_servers,
                 "enable.idempotence": True,
                 "acks": "all",
-                # Markers are rare and ordered: each its own request (DESIGN §4).
+                # Markers are rare and ordered: each its own request (semantics.md §4).
                 "linger.ms": 0,
                 "message.timeout.ms": int(delivery_timeout_s * 1000),
-            }
+            },
         )
 
     def write(self, record: Marker | FinishRequest | EpochClaim) -> None:

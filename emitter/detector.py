@@ -1,4 +1,4 @@
-"""The emitter's decisions: a pure state machine of observations and time (DESIGN §4).
+"""The emitter's decisions: a pure state machine of observations and time (semantics.md §4).
 
 No Kafka here. The service feeds one :class:`Observation` per poll and gets
 back the markers to publish; a marker's status counts only once the service
@@ -214,14 +214,34 @@ class Detector:
         self, decide: set[TopicPartitionKey], log_ends: Mapping[TopicPartitionKey, int]
     ) -> list[Proposal]:
         now = self._clock.now_s
+        partitions, active = self.partitions, MarkerStatus.ACTIVE
+        # A busy topic's common case, without the general path's calls: an ACTIVE partition
+        # whose log end moved restarts its still time and can propose nothing (unless the
+        # idle timeout is zero); its idle deadline is decided when it passes.
+        moved_active_is_quiet = self.idle_timeout_s > ROUNDING_S
         decided: list[tuple[TopicPartitionKey, Proposal]] = []
         for key in decide:
             log_end = log_ends.get(key)
             if log_end is None:
-                if key in self.partitions or key in self.held:
+                if key in partitions or key in self.held:
                     self._recheck.add(key)  # not observed: decided when it is
                 continue
-            state = self._state(key)
+            state = partitions.get(key) or self._state(key)
+            previous = state.log_end_offset
+            if (
+                moved_active_is_quiet
+                and previous is not None
+                and log_end > previous
+                and state.status is active
+                and not state.finish_requested
+                and state.deadline_s is not None
+                and state.deadline_s > now + ROUNDING_S
+            ):
+                state.log_end_offset = log_end
+                if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
+                    state.max_log_end_offset = log_end
+                state.still_closed_s, state.run_started_s = 0.0, now
+                continue
             self._update_clock(state, log_end, now)
             proposal = self._decide(key, state, log_end, now)
             if proposal is not None:
@@ -317,7 +337,7 @@ class Detector:
         return proposals
 
     def _hold_unlisted(self, topic: str, partition_count: int) -> None:
-        """Partitions come from the broker, not from markers (DESIGN §3): a state for a
+        """Partitions come from the broker, not from markers (semantics.md §3): a state for a
         partition the metadata does not list is held aside until it is listed."""
         for key in [k for k in self.partitions if k[0] == topic and k[1] >= partition_count]:
             state = self.partitions.pop(key)

@@ -93,8 +93,13 @@ class LogEndTimelines:
             timeline = self.timelines.get(key)
             if timeline is None:
                 timeline = self.timelines[key] = LogEndTimeline()
-            if key in previous:
-                timeline.record(previous_wall_ms, previous[key])
+            before = previous.get(key)
+            # The flat run's end, unless it is the timeline's last point already (a log
+            # end that moves every poll: the busy case).
+            if before is not None and (
+                timeline.wall_ms[-1] != previous_wall_ms or timeline.offsets[-1] != before
+            ):
+                timeline.record(previous_wall_ms, before)
             timeline.record(wall_ms, log_end)
         for key in previous.keys() - log_ends.keys():
             self.timelines[key].record(previous_wall_ms, previous[key])

@@ -142,54 +142,65 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot(rows=False)
-        yield GaugeMetricFamily(
-            PREFIX + "watched_partitions",
-            "Partitions of the watched topics being tracked.",
-            value=snap.watched_partitions,
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "unlisted_partitions",
-            "Partitions of watched topics named by control records but not listed by the "
-            "broker: held aside, never marked, taken back if the partition appears.",
-            value=snap.unlisted_partitions,
-        )
-        yield CounterMetricFamily(
-            PREFIX + "unlisted_partitions_dropped",
-            "Unlisted partitions dropped because the held set was full (1,000).",
-            value=snap.unlisted_partitions_dropped,
-        )
-        missing = GaugeMetricFamily(
-            PREFIX + "topic_missing",
-            "1 for a watched topic that does not exist (yet); retried every poll.",
-            labels=["topic"],
-        )
-        for topic in snap.missing_topics:
-            missing.add_metric([topic], 1.0)
-        yield missing
-        unowned = GaugeMetricFamily(
-            PREFIX + "partitions_without_owner",
+        yield from _partition_counts(snap)
+        yield _missing_topics(snap)
+        yield from _group_families(snap)
+
+
+def _partition_counts(snap: Snapshot) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        PREFIX + "watched_partitions",
+        "Partitions of the watched topics being tracked.",
+        value=snap.watched_partitions,
+    )
+    yield GaugeMetricFamily(
+        PREFIX + "unlisted_partitions",
+        "Partitions of watched topics named by control records but not listed by the "
+        "broker: held aside, never marked, taken back if the partition appears.",
+        value=snap.unlisted_partitions,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "unlisted_partitions_dropped",
+        "Unlisted partitions dropped because the held set was full (1,000).",
+        value=snap.unlisted_partitions_dropped,
+    )
+
+
+def _missing_topics(snap: Snapshot) -> Metric:
+    missing = GaugeMetricFamily(
+        PREFIX + "topic_missing",
+        "1 for a watched topic that does not exist (yet); retried every poll.",
+        labels=["topic"],
+    )
+    for topic in snap.missing_topics:
+        missing.add_metric([topic], 1.0)
+    return missing
+
+
+def _group_families(snap: Snapshot) -> Iterator[Metric]:
+    """The group's ownership and size: one sample each, labelled by the group, when the
+    emitter watches a group and its description was read."""
+    for name, help_text, value in (
+        (
+            "partitions_without_owner",
             "Watched partitions that no member of the group is assigned.",
-            labels=["group"],
-        )
-        idle_members = GaugeMetricFamily(
-            PREFIX + "group_members_without_partitions",
+            snap.partitions_without_owner,
+        ),
+        (
+            "group_members_without_partitions",
             "Group members assigned none of the watched partitions.",
-            labels=["group"],
-        )
-        if snap.group is not None and snap.partitions_without_owner is not None:
-            unowned.add_metric([snap.group], snap.partitions_without_owner)
-        if snap.group is not None and snap.members_without_partitions is not None:
-            idle_members.add_metric([snap.group], snap.members_without_partitions)
-        members = GaugeMetricFamily(
-            PREFIX + "group_members",
+            snap.members_without_partitions,
+        ),
+        (
+            "group_members",
             "Members of the watched group, as the group coordinator describes it.",
-            labels=["group"],
-        )
-        if snap.group is not None and snap.group_members is not None:
-            members.add_metric([snap.group], snap.group_members)
-        yield unowned
-        yield idle_members
-        yield members
+            snap.group_members,
+        ),
+    ):
+        family = GaugeMetricFamily(PREFIX + name, help_text, labels=["group"])
+        if snap.group is not None and value is not None:
+            family.add_metric([snap.group], value)
+        yield family
 
 
 # The per-partition families' help texts (render_partition_families writes them).

@@ -1,6 +1,6 @@
 """Reads the broker's view of the watched partitions through the Admin API.
 
-One round of requests per poll, never one request per partition (DESIGN §4): topic
+One round of requests per poll, never one request per partition (semantics.md §4): topic
 metadata (every metadata interval), ListOffsets(latest) for the watched partitions and,
 with a group, its committed offsets, in batches of 250, and the group's members'
 assignment. A failed request

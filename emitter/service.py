@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import (
@@ -32,8 +31,9 @@ from emitter.detector import Detector, Observation, Proposal
 from emitter.lag import LogEndTimelines, Ownership, lag_offsets, ownership
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
 from emitter.observer import BrokerObserver, BrokerView
+from slackwater import kafka_clients
 from slackwater.http_server import MetricsServer
-from slackwater.kafka_logging import client_logging, once_per_interval
+from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import EpochClaim, FinishRequest, Marker, TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,13 @@ class Emitter:
         self._timelines = LogEndTimelines()
         self._committed: dict[TopicPartitionKey, int] = {}
         self._ownership: Ownership | None = None
+        self._ownership_of: set[TopicPartitionKey] = set()  # the partitions it was derived for
         self._assignment: dict[str, list[TopicPartitionKey]] | None = None
         self.metrics = EmitterMetrics(self.snapshot)
         self._timeout_s = config.request_timeout_ms / 1000
-        kafka: dict[str, str | int | float | bool] = {
-            **config.kafka_config,
-            "bootstrap.servers": config.bootstrap_servers,
-        }
-        self._admin = AdminClient({**kafka, **client_logging("admin")})
+        self._admin = kafka_clients.admin_client(
+            "admin", config.bootstrap_servers, config.kafka_config
+        )
         self._observer = BrokerObserver(
             self._admin,
             self._timeout_s,
@@ -245,8 +244,12 @@ class Emitter:
         if view.committed_offsets is not None:
             self._committed = view.committed_offsets
         if view.assignment is not None:
+            # Ownership changes with the assignment or the watched partitions only.
+            watched = self.detector.partitions.keys()
+            if view.assignment != self._assignment or watched != self._ownership_of:
+                self._ownership = ownership(watched, view.assignment)
+                self._ownership_of = set(watched)
             self._assignment = view.assignment
-            self._ownership = ownership(self.detector.partitions, view.assignment)
 
     def _publish(self, proposals: list[Proposal]) -> list[Marker]:
         published: list[Marker] = []

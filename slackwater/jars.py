@@ -1,4 +1,4 @@
-"""Where set-up put the Java parts fetched from Maven Central (DESIGN §7).
+"""Where set-up put the Java parts fetched from Maven Central (semantics.md §7).
 
 `make` runs `mvn dependency:copy-dependencies` on `deploy/jars/pom.xml` once, into
 `.jars/<module>/` at the repository root; nothing is downloaded at run time.

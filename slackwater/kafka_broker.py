@@ -1,6 +1,6 @@
 """Apache Kafka itself on a loopback port: one KRaft node, broker and controller in one JVM.
 
-What `slackwater broker`, the integration tests and `make demo` run (DESIGN §7), from the jars
+What `slackwater broker`, the integration tests and `make demo` run (semantics.md §7), from the jars
 set-up fetched (`slackwater.jars`). Start formats the log directory (unless it already holds a
 formatted one), launches `kafka.Kafka` with its log in a file, and waits until the broker
 answers metadata requests. Stop sends SIGTERM (Kafka's controlled shutdown) and, for a
@@ -126,10 +126,6 @@ class KafkaBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
 
     @property
     def server_log(self) -> Path:

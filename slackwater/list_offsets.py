@@ -12,16 +12,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from concurrent.futures import Future
+from importlib import metadata
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ListOffsetsResultInfo, OffsetSpec
-from confluent_kafka.cimpl import _AdminClientImpl
 
 log = logging.getLogger(__name__)
 
+# The confluent-kafka releases whose private C method we have checked (its signature and
+# its results); any other release uses the public API.
+C_METHOD_RELEASES = ((2, 16), (3, 0))
+
+
+def c_method_if_checked() -> Any:
+    """The binding's private C method, only on a checked release; else None."""
+    release = tuple(int(part) for part in metadata.version("confluent-kafka").split(".")[:2])
+    lowest, above = C_METHOD_RELEASES
+    if not lowest <= release < above:
+        return None
+    try:
+        from confluent_kafka.cimpl import _AdminClientImpl
+    except ImportError:
+        return None
+    return getattr(_AdminClientImpl, "list_offsets", None)
+
+
 # The C method, or None once it failed (then the public API for the process's life).
-C_METHODS: dict[str, Any] = {"list_offsets": getattr(_AdminClientImpl, "list_offsets", None)}
+C_METHODS: dict[str, Any] = {"list_offsets": c_method_if_checked()}
 
 
 class Request:

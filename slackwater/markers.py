@@ -1,4 +1,4 @@
-"""The control-topic protocol, version 1 (DESIGN §3).
+"""The control-topic protocol, version 1 (semantics.md §3).
 
 One record per status change of one data partition:
 
@@ -207,14 +207,6 @@ def skip_reason(error: MalformedControlRecord) -> str:
     return f"invalid {text.split(':', 1)[0]}"
 
 
-def decode_marker(key: bytes | str | None, value: bytes | str | None) -> Marker:
-    """Like decode(), but anything other than a marker is malformed."""
-    record = decode(key, value)
-    if not isinstance(record, Marker):
-        raise MalformedControlRecord(f"not a marker: kind {record.kind!r}")
-    return record
-
-
 def _validate(model: type[_Model], value: bytes | str) -> _Model:
     try:
         # JSON mode: strict types, but enum members from their string values.
@@ -236,7 +228,7 @@ def _check_key(key: bytes | str | None, expected: str) -> None:
 
 
 class Rejection(enum.StrEnum):
-    """Why a partition's next marker is ignored (DESIGN §3); consumers count these."""
+    """Why a partition's next marker is ignored (semantics.md §3); consumers count these."""
 
     STALE_EPOCH = "stale_epoch"
     AFTER_FINISHED = "after_finished"

@@ -1,4 +1,4 @@
-"""Aligning control-topic markers with what the consumer has read (DESIGN §3).
+"""Aligning control-topic markers with what the consumer has read (semantics.md §3).
 
 Pure driver-side logic, no Spark: per micro-batch it takes the markers read,
 and per data partition the newest event time, the highest record offset and
@@ -103,7 +103,7 @@ class MarkerAligner:
     ) -> None:
         self.topic = topic
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
-        # The fallback without an emitter (DESIGN §6); None = off.
+        # The fallback without an emitter (semantics.md §6); None = off.
         self.consumer_idle_timeout_ms = consumer_idle_timeout_ms
         self.channel_of: ChannelOf = channel_of or self._partition_of_own_topic
         self.partitions: dict[Hashable, _Partition] = {}

@@ -1,4 +1,4 @@
-"""The slackwater Kafka source: the valve's watermark as Spark's own (DESIGN §6).
+"""The slackwater Kafka source: the valve's watermark as Spark's own (semantics.md §6).
 
     events = read_stream(spark, bootstrap_servers="host:9092", topics=["orders"],
                          control_topic="slackwater.control", max_out_of_orderness="2s")
@@ -21,7 +21,7 @@ batch N's watermark from batch N+1 on:
     applied      ...              V(N-1)             V(N)     (Spark's watermark)
     late rows    event < ...      event < V(N-1)     event < V(N)
 
-The driver side (``latestOffset``) runs DESIGN §6's steps in order: the previous
+The driver side (``latestOffset``) runs semantics.md §6's steps in order: the previous
 batch's progress (records, newest event time per range, produced by the readers to a
 progress topic) advances the channels; new markers are read from the control topic
 and applied once the read position (the end of the last batch whose progress arrived)
@@ -61,8 +61,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slackwater import list_offsets
-from slackwater.kafka_logging import client_logging, once_per_interval
+from slackwater import kafka_clients, list_offsets
+from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -221,7 +221,7 @@ class SourceOptions:
     late_output: str | None = None
     late_rule: LateRule = LATE_ONLY
     progress_topic_name: str | None = None
-    # Flink's withIdleness as a fallback without an emitter (DESIGN §6), or None (off).
+    # Flink's withIdleness as a fallback without an emitter (semantics.md §6), or None (off).
     consumer_idle_timeout_ms: int | None = None
 
     @classmethod
@@ -305,11 +305,7 @@ class SourceOptions:
         return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
     def client_config(self) -> dict[str, Any]:
-        return {
-            **client_logging("source"),
-            **self.kafka_config,
-            "bootstrap.servers": self.bootstrap_servers,
-        }
+        return kafka_clients.client_settings("source", self.bootstrap_servers, self.kafka_config)
 
     def producer_config(self) -> dict[str, Any]:
         return {
@@ -405,7 +401,7 @@ class RangePartition(InputPartition):
 
 @dataclass(frozen=True)
 class SyntheticPartition(InputPartition):
-    """The batch's one synthetic row: event time V + D (DESIGN §6). Its task also
+    """The batch's one synthetic row: event time V + D (semantics.md §6). Its task also
     reports Spark's batch id, for a batch that read no range."""
 
     planned_watermark_ms: int
@@ -1419,7 +1415,7 @@ def read_stream(
     kafka_config: dict[str, str] | None = None,
     watermark_delay: str | None = None,
 ) -> DataFrame:
-    """The source with its watermark applied: what a job reads (DESIGN §6).
+    """The source with its watermark applied: what a job reads (semantics.md §6).
 
     ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
     state lives for the delay: Spark's watermark then becomes max(V, newest - delay),

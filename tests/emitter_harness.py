@@ -6,7 +6,6 @@ import json
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +15,7 @@ from emitter.config import EmitterConfig
 from emitter.control_topic import ControlTopicReader
 from emitter.service import Emitter
 from slackwater.markers import Marker
+from tests.factories import samples, wait_until
 
 FAST = {
     "idle_timeout_ms": 1_000,
@@ -32,16 +32,6 @@ DEADLINE_S = 30.0
 # Polls that span idle_timeout with room to spare: after them, a marker that was due
 # has been published (FAST: 1 s idle timeout, 200 ms polls).
 POLLS_PAST_IDLE_TIMEOUT = 2 * FAST["idle_timeout_ms"] // FAST["poll_interval_ms"]
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def produce_one(bootstrap: str, topic: str, partition: int, count: int = 1) -> None:
@@ -98,14 +88,11 @@ class RunningEmitter:
 
     def metric(self, name: str, **labels: str) -> float | None:
         """The value of one series from a real scrape of /metrics."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(self.metrics_text()):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return float(sample.value)
+        wanted = {f'{k}="{v}"' for k, v in labels.items()}
+        for key, value in samples(self.metrics_text()).items():
+            sample_name, _, label_text = key.partition("{")
+            if sample_name == name and wanted <= set(label_text.rstrip("}").split(",")):
+                return value
         return None
 
     def stop(self) -> int:

@@ -10,7 +10,7 @@ BASE_MS = 1_700_000_000_000  # event times are BASE_MS + seconds * 1000
 
 
 class Writer:
-    """Data records and markers, one record per request (exact log ends, DESIGN §7)."""
+    """Data records and markers, one record per request (exact log ends, semantics.md §7)."""
 
     def __init__(self, bootstrap: str, topic: str, control_topic: str) -> None:
         self.topic, self.control_topic = topic, control_topic

@@ -1,28 +1,14 @@
-"""Marker alignment (DESIGN §3): exact valve elements after each micro-batch."""
+"""Marker alignment (semantics.md §3): exact valve elements after each micro-batch."""
 
 from __future__ import annotations
 
 from slackwater.markers import Marker, MarkerStatus
 from spark_consumer.alignment import MarkerAligner, MarkerOutcome, PartitionBatch
 from spark_consumer.valve import MAX_WATERMARK, Watermark, WatermarkStatus
+from tests.factories import marker
 
 T = "orders"
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
-
-
-def marker(
-    partition: int, status: MarkerStatus, offset: int, epoch: int = 1, seq: int = 0
-) -> Marker:
-    return Marker(
-        topic=T,
-        partition=partition,
-        status=status,
-        offset=offset,
-        emitted_at=0,
-        emitter_id="e",
-        epoch=epoch,
-        seq=seq,
-    )
 
 
 def data(event_ms: int, max_offset: int, position: int, records: int = 1) -> PartitionBatch:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slackwater.kafka_broker import KafkaBroker
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a flag check must not get that far
 CONTROL = ["--bootstrap-servers", NOWHERE, "--control-topic", "c"]

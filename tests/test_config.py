@@ -10,7 +10,7 @@ import pytest
 
 from emitter.config import EmitterConfig
 from slackwater.settings import ConfigError, load_config, parse_duration_ms
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER
 
 REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "ctl"}
 

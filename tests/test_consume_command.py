@@ -18,10 +18,10 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
 from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
+from tests.factories import SLACKWATER, deploy_metric_names, scrape_metrics
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import SLACKWATER, scrape, wait_while_running
+from tests.process_harness import wait_while_running
 from tests.source_harness import iso_ms, late_output_rows
-from tests.test_deploy import deploy_metric_names
 
 KILLS = 4
 LATE_EVERY = 10  # every 10th second, one record 12 s in the past on p0
@@ -149,7 +149,7 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
 
 
 def _check_metrics(port: int, *, dropped: int) -> None:
-    metrics = scrape(f"http://127.0.0.1:{port}/metrics")
+    metrics = scrape_metrics(f"http://127.0.0.1:{port}/metrics")
     query = 'query="slackwater_windows"'
     assert metrics[f"slackwater_source_up{{{query}}}"] == 1
     assert metrics[f'slackwater_source_valve_status{{{query},status="FINISHED"}}'] == 1

@@ -2,7 +2,7 @@
 aggregations closed by the valve's watermark, and the late output.
 
 Expected windows are computed here from the records written (`_expected`), by the rules
-of DESIGN §6: a row counts in every window that holds it unless it arrived after all of
+of semantics.md §6: a row counts in every window that holds it unless it arrived after all of
 them had ended; such rows, and unreadable ones, are in the late output.
 """
 

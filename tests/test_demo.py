@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_consumer.consume_job import committed_rows
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER
 
 pytestmark = pytest.mark.integration
 

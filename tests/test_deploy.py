@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +23,9 @@ from tests.emitter_harness import (
     commit,
     produce_one,
     start_emitter,
-    wait_until,
 )
+from tests.factories import PROMETHEUS, ROOT, deploy_metric_names, samples, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-PROMETHEUS = ROOT / "deploy" / "prometheus"
-DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "slackwater.json"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
 
 
@@ -85,14 +81,6 @@ def test_promtool_accepts_the_config_and_the_rules() -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def deploy_metric_names() -> set[str]:
-    """Every slackwater_* series name the alert rules and the dashboard query."""
-    texts = [(PROMETHEUS / "alerts.yml").read_text()]
-    dashboard = json.loads(DASHBOARD.read_text())
-    texts += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    return set(re.findall(r"slackwater_[a-z_]+", "\n".join(texts)))
-
-
 def test_alerts_named_in_the_issue_exist() -> None:
     rules = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"][0]["rules"]
     names = {rule["alert"] for rule in rules}
@@ -107,9 +95,7 @@ def test_alerts_named_in_the_issue_exist() -> None:
 
 
 def _sample_names(text: str) -> set[str]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    return {key.partition("{")[0] for key in samples(text)}
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The emitter's pure state machine (DESIGN §4): observations and time in, markers out.
+"""The emitter's pure state machine (semantics.md §4): observations and time in, markers out.
 
 Each test asserts the exact proposals after every poll, and that nothing else
 is proposed.
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from emitter.detector import Detector, Observation, Proposal, Reason
 from slackwater.markers import Marker, MarkerStatus
+from tests.factories import marker
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 T = "orders"
@@ -36,16 +37,7 @@ def run(detector: Detector, observation: Observation) -> list[Proposal]:
     for proposal in proposals:
         state = detector.partitions[(proposal.topic, proposal.partition)]
         detector.published(
-            Marker(
-                topic=proposal.topic,
-                partition=proposal.partition,
-                status=proposal.status,
-                offset=proposal.offset,
-                emitted_at=0,
-                emitter_id="e",
-                epoch=1,
-                seq=state.seq,
-            )
+            marker(proposal.partition, proposal.status, proposal.offset, seq=state.seq)
         )
     return proposals
 
@@ -192,17 +184,9 @@ def test_partition_added_to_a_topic_is_tracked() -> None:
     ]
 
 
-def _marker(partition: int, status: MarkerStatus, offset: int, seq: int = 4) -> Marker:
-    return Marker(
-        topic=T,
-        partition=partition,
-        status=status,
-        offset=offset,
-        emitted_at=0,
-        emitter_id="old",
-        epoch=3,
-        seq=seq,
-    )
+def _marker(partition: int, status: MarkerStatus, offset: int) -> Marker:
+    """A marker written by an earlier emitter (epoch 3)."""
+    return marker(partition, status, offset, epoch=3, seq=4, emitter_id="old")
 
 
 def test_restore_idle_continues_without_duplicate_and_activates_on_movement() -> None:
@@ -236,7 +220,7 @@ def test_restore_finished_stays_finished() -> None:
     assert run(detector, obs(9, {0: 70})) == []
 
 
-# A random walk of log ends and failed polls: the invariants of DESIGN §4.
+# A random walk of log ends and failed polls: the invariants of semantics.md §4.
 walks = st.lists(
     st.tuples(st.floats(0.1, 3.0), st.one_of(st.none(), st.integers(0, 3))),
     max_size=60,
@@ -321,7 +305,7 @@ def test_held_partitions_are_bounded_and_the_rest_counted() -> None:
 
 
 # Many partitions, partial failures, undelivered markers, finish requests: the exact
-# proposals of every poll against a model written from DESIGN §4's sentences. Times are
+# proposals of every poll against a model written from semantics.md §4's sentences. Times are
 # whole seconds, so still times are exact in floating point.
 @st.composite
 def fleet_walks(draw: st.DrawFn) -> tuple[int, list[tuple[int, dict[int, int], bool, int | None]]]:
@@ -399,16 +383,7 @@ def test_every_poll_proposes_exactly_what_the_rules_say(
         for proposal in proposals:
             p = proposal.partition
             detector.published(
-                Marker(
-                    topic=T,
-                    partition=p,
-                    status=proposal.status,
-                    offset=proposal.offset,
-                    emitted_at=0,
-                    emitter_id="e",
-                    epoch=1,
-                    seq=detector.partitions[(T, p)].seq,
-                )
+                marker(p, proposal.status, proposal.offset, seq=detector.partitions[(T, p)].seq)
             )
             status[p] = proposal.status
             if proposal.status is IDLE:

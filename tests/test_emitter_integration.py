@@ -20,9 +20,8 @@ from tests.emitter_harness import (
     commit,
     control_markers,
     produce_one,
-    wait_until,
 )
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER, wait_until
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 POLL_S = FAST["poll_interval_ms"] / 1000

@@ -21,8 +21,9 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import EpochClaim, Marker, MarkerStatus, encode
 from tests.conftest import TopicFactory
 from tests.emitter_harness import DEADLINE_S, control_markers
+from tests.factories import SLACKWATER, scrape_metrics
 from tests.kafka_writer import Writer
-from tests.process_harness import SLACKWATER, scrape, wait_while_running
+from tests.process_harness import wait_while_running
 from tests.source_harness import events, window_job
 
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
@@ -181,7 +182,7 @@ def test_twelve_thousand_bad_control_records_neither_crash_nor_stall_nor_fence(
                 (topic, 0, IDLE, 30, 3),
                 (topic, 1, IDLE, 30, 3),
             }
-            metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+            metrics = scrape_metrics(f"http://127.0.0.1:{metrics_port}/metrics")
             assert metrics["slackwater_emitter_control_records_malformed_total"] == MALFORMED
             assert metrics["slackwater_emitter_control_records_tombstones_total"] == PER_CLASS
             assert metrics["slackwater_emitter_unlisted_partitions"] == 1

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, free_port
 from tests.conftest import TopicFactory
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from slackwater.kafka_broker import free_port
 from slackwater.kafka_logging import OncePerInterval, client_logging
-from tests.process_harness import SLACKWATER
+from tests.factories import SLACKWATER
 
 
 def _record(message: str, name: str = "t", level: int = logging.WARNING) -> logging.LogRecord:

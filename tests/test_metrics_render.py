@@ -21,6 +21,7 @@ from emitter.metrics import (
     render_topic_families,
 )
 from slackwater.markers import MarkerStatus
+from tests.factories import samples
 
 
 def _snapshot(group: str | None) -> Snapshot:
@@ -97,23 +98,17 @@ def test_every_value_is_written_as_the_encoders_write_it(
 
 
 def test_per_topic_aggregates_replace_the_per_partition_series() -> None:
-    from prometheus_client.parser import text_string_to_metric_families
-
     text = render_topic_families(_snapshot("orders-consumers"))
     assert "partition=" not in text
-    values = {
-        (sample.name, *sorted(sample.labels.values())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    values = samples(text)
     name = "slackwater_emitter_topic_partitions"
-    assert values[(name, "ACTIVE", "orders")] == 1
-    assert values[(name, "IDLE", "orders")] == 1
-    assert values[(name, "FINISHED", "orders")] == 0
-    assert values[(name, "FINISHED", "orders.v2_x-y")] == 1
-    assert values[(name, "ACTIVE", "t")] == 1
+    assert values[f'{name}{{status="ACTIVE",topic="orders"}}'] == 1
+    assert values[f'{name}{{status="IDLE",topic="orders"}}'] == 1
+    assert values[f'{name}{{status="FINISHED",topic="orders"}}'] == 0
+    assert values[f'{name}{{status="FINISHED",topic="orders.v2_x-y"}}'] == 1
+    assert values[f'{name}{{status="ACTIVE",topic="t"}}'] == 1
     lag = "slackwater_emitter_topic_group_lag_offsets"
-    assert values[(lag, "orders", "orders-consumers")] == 3 + 0
-    assert values[(lag, "orders-consumers", "t")] == 7
+    assert values[f'{lag}{{group="orders-consumers",topic="orders"}}'] == 3 + 0
+    assert values[f'{lag}{{group="orders-consumers",topic="t"}}'] == 7
     worst = "slackwater_emitter_topic_group_lag_seconds_max"
-    assert values[(worst, "orders", "orders-consumers")] == 1.25
+    assert values[f'{worst}{{group="orders-consumers",topic="orders"}}'] == 1.25

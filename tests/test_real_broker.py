@@ -1,4 +1,4 @@
-"""What only Apache Kafka itself shows (issue 10, DESIGN §7): consumer-group members and
+"""What only Apache Kafka itself shows (issue 10, semantics.md §7): consumer-group members and
 rebalances, transactions' offset gaps, compaction of the control topic, partitions added
 to a watched topic, and a broker that goes away and comes back on the same log directory.
 """
@@ -31,8 +31,8 @@ from tests.emitter_harness import (
     control_markers,
     produce_one,
     start_emitter,
-    wait_until,
 )
+from tests.factories import wait_until
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 

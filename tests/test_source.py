@@ -1,4 +1,4 @@
-"""The slackwater source end to end (DESIGN §6): Apache Kafka, a local SparkSession,
+"""The slackwater source end to end (semantics.md §6): Apache Kafka, a local SparkSession,
 Spark's own window aggregation on the valve's watermark."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from spark_consumer.source import (
 )
 from spark_consumer.source_metrics import partitions_of, serve_source_metrics
 from tests.conftest import TopicFactory
+from tests.factories import scrape_metrics
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import scrape
 from tests.source_harness import events, window_job
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
@@ -34,7 +34,7 @@ def _scrape(query: StreamingQuery) -> dict[str, float]:
     """A real scrape of the source's /metrics for this query."""
     server = serve_source_metrics(lambda: [query], port=free_port(), host="127.0.0.1")
     try:
-        return scrape(f"http://127.0.0.1:{server.port}/metrics")
+        return scrape_metrics(f"http://127.0.0.1:{server.port}/metrics")
     finally:
         server.stop()
 
@@ -281,7 +281,7 @@ def test_subscribe_pattern_and_max_offsets_per_trigger(
 def test_consumer_idle_timeout_idles_a_silent_partition_without_an_emitter(
     spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
-    """The fallback of DESIGN §6 (Flink's withIdleness): no control topic, no marker; a
+    """The fallback of semantics.md §6 (Flink's withIdleness): no control topic, no marker; a
     partition that gets no record for the timeout leaves the minimum."""
     import time
 

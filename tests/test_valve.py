@@ -1,4 +1,4 @@
-"""The valve, rule by rule (DESIGN §5), as Flink's StatusWatermarkValveTest does it:
+"""The valve, rule by rule (semantics.md §5), as Flink's StatusWatermarkValveTest does it:
 every test asserts exactly what each input emits, and that nothing else is emitted.
 """
 

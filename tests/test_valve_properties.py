@@ -1,4 +1,4 @@
-"""The valve against a reference model written from DESIGN §5's text as plain scans,
+"""The valve against a reference model written from semantics.md §5's text as plain scans,
 over random sequences of watermarks, status flips, finishes and new channels."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class _RefChannel:
 
 @dataclass
 class ReferenceValve:
-    """DESIGN §5 read sentence by sentence, every aggregate a plain scan of all channels.
+    """semantics.md §5 read sentence by sentence, every aggregate a plain scan of all channels.
 
     Written from the rules' text, not from valve.py: each method quotes the rule it
     implements, in the rule's own order.
@@ -213,7 +213,7 @@ def test_valve_matches_reference_model_element_by_element(
             (valve.channel_watermark(c), valve.channel_status(c), valve.channel_aligned(c))
             for c in valve.channels
         ] == [(c.watermark, c.status, c.aligned) for c in reference.channels.values()]
-        # DESIGN §5's invariant, on both: the output is the min over aligned ACTIVE channels.
+        # semantics.md §5's invariant, on both: the output is the min over aligned ACTIVE channels.
         assert reference.invariant_holds(), f"step {step}"
         minimum = _aligned_minimum(valve)
         assert minimum is None or minimum == valve.watermark, f"step {step}"

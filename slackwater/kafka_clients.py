@@ -1,0 +1,53 @@
+"""Every confluent-kafka client of slackwater is made here, one way: the user's Kafka
+settings (``kafka_config``: security, timeouts), then librdkafka's logging routed through
+Python logging under the client's name (kafka_logging), then the bootstrap servers, then
+what the client's job needs, which the user cannot override by accident."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from slackwater.kafka_logging import client_logging
+
+
+def client_settings(
+    name: str,
+    bootstrap_servers: str,
+    user: Mapping[str, Any] | None = None,
+    ours: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The settings of a client called ``name`` (its logger is ``librdkafka.<name>``)."""
+    return {
+        **(user or {}),
+        **client_logging(name),
+        "bootstrap.servers": bootstrap_servers,
+        **(ours or {}),
+    }
+
+
+def admin_client(
+    name: str, bootstrap_servers: str, user: Mapping[str, Any] | None = None
+) -> AdminClient:
+    return AdminClient(client_settings(name, bootstrap_servers, user))
+
+
+def consumer(
+    name: str,
+    bootstrap_servers: str,
+    user: Mapping[str, Any] | None = None,
+    ours: Mapping[str, Any] | None = None,
+) -> Consumer:
+    return Consumer(client_settings(name, bootstrap_servers, user, ours))
+
+
+def producer(
+    name: str,
+    bootstrap_servers: str,
+    user: Mapping[str, Any] | None = None,
+    ours: Mapping[str, Any] | None = None,
+) -> Producer:
+    return Producer(client_settings(name, bootstrap_servers, user, ours))

@@ -1,0 +1,93 @@
+"""What many tests build or measure the same way, built one way: markers, the
+``slackwater`` command, /metrics samples, waiting for a condition."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from slackwater.markers import Marker, MarkerStatus
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "slackwater.json"
+# The `slackwater` command as a user runs it, from this interpreter's environment.
+SLACKWATER = (sys.executable, "-m", "slackwater.cli")
+
+
+def run_cli(*arguments: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """``slackwater ARGUMENTS`` to its end, output captured as text."""
+    return subprocess.run(
+        [*SLACKWATER, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def marker(
+    partition: int,
+    status: MarkerStatus,
+    offset: int,
+    *,
+    topic: str = "orders",
+    epoch: int = 1,
+    seq: int = 0,
+    emitter_id: str = "e",
+) -> Marker:
+    """A marker as an emitter writes it (emitted at time 0)."""
+    return Marker(
+        topic=topic,
+        partition=partition,
+        status=status,
+        offset=offset,
+        emitted_at=0,
+        emitter_id=emitter_id,
+        epoch=epoch,
+        seq=seq,
+    )
+
+
+def samples(text: str) -> dict[str, float]:
+    """Exposition text as {'name{label="value",...}': value}, labels sorted by name."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """A real scrape of a /metrics endpoint, as :func:`samples`."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return samples(response.read().decode())
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``predicate()``'s first truthy value, polled every 50 ms; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def deploy_metric_names() -> set[str]:
+    """Every slackwater_* series name the alert rules and the dashboard query."""
+    texts = [(PROMETHEUS / "alerts.yml").read_text()]
+    dashboard = json.loads(DASHBOARD.read_text())
+    texts += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    return set(re.findall(r"slackwater_[a-z_]+", "\n".join(texts)))
