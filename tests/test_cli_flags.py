@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slackwater.kafka_broker import KafkaBroker
-from tests.factories import SLACKWATER
+from tests.factories import run_cli
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a flag check must not get that far
 CONTROL = ["--bootstrap-servers", NOWHERE, "--control-topic", "c"]
@@ -46,13 +46,7 @@ CASES = [
 
 
 def _run(arguments: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SLACKWATER, *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*arguments)
 
 
 @pytest.mark.parametrize(("arguments", "flag", "message"), CASES, ids=lambda v: str(v)[:40])
@@ -97,13 +91,11 @@ def test_emit_with_its_metrics_port_in_use_names_the_port(taken_port: int) -> No
 
 
 def test_demo_producer_to_a_topic_that_does_not_exist_is_one_line(broker: KafkaBroker) -> None:
-    done = subprocess.run(
-        [
-            *SLACKWATER, "demo-producer", "--bootstrap-servers",
-            broker.bootstrap_servers, "--topic", "no-such-topic-here", "--duration", "5s",
-        ],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = run_cli(
+        "demo-producer",
+        *("--bootstrap-servers", broker.bootstrap_servers),
+        *("--topic", "no-such-topic-here", "--duration", "5s"),
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"slackwater demo-producer: topic 'no-such-topic-here' does not exist on "

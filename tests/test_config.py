@@ -10,7 +10,7 @@ import pytest
 
 from emitter.config import EmitterConfig
 from slackwater.settings import ConfigError, load_config, parse_duration_ms
-from tests.factories import SLACKWATER
+from tests.factories import run_cli
 
 REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "ctl"}
 
@@ -100,13 +100,7 @@ def test_bad_field_is_named(values: dict[str, object], field: str) -> None:
 
 
 def _emit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SLACKWATER, "emit", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli("emit", *args)
 
 
 def test_cli_bad_flag_exits_2_with_one_line_naming_it() -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from spark_consumer.consume_job import committed_rows
-from tests.factories import SLACKWATER
+from tests.factories import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -17,20 +16,8 @@ pytestmark = pytest.mark.integration
 def test_demo_runs_the_main_job_with_no_late_records_where_plain_spark_loses_some(
     tmp_path: Path,
 ) -> None:
-    result = subprocess.run(
-        [
-            *SLACKWATER,
-            "demo",
-            "--duration",
-            "40s",
-            "--output",
-            str(tmp_path),
-            "--compare",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    result = run_cli(
+        "demo", "--duration", "40s", "--output", str(tmp_path), "--compare", timeout_s=300
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = result.stdout

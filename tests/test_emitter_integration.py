@@ -21,7 +21,7 @@ from tests.emitter_harness import (
     control_markers,
     produce_one,
 )
-from tests.factories import SLACKWATER, wait_until
+from tests.factories import SLACKWATER, run_cli, wait_until
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 POLL_S = FAST["poll_interval_ms"] / 1000
@@ -31,23 +31,16 @@ def _finish(
     broker: KafkaBroker, control: str, topic: str, partition: int
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``slackwater finish`` as a user would."""
-    return subprocess.run(
-        [
-            *SLACKWATER,
-            "finish",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--control-topic",
-            control,
-            "--topic",
-            topic,
-            "--partition",
-            str(partition),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    return run_cli(
+        "finish",
+        "--bootstrap-servers",
+        broker.bootstrap_servers,
+        "--control-topic",
+        control,
+        "--topic",
+        topic,
+        "--partition",
+        str(partition),
     )
 
 
@@ -123,19 +116,8 @@ def test_finish_publishes_finished_and_nothing_after(
     produce_one(broker.bootstrap_servers, topic, 0, count=2)  # data after FINISHED
     after_polls(running, POLLS_PAST_IDLE_TIMEOUT)
     assert _markers_of(broker.bootstrap_servers, control, 0) == [(FINISHED, 4)]
-    status = subprocess.run(
-        [
-            *SLACKWATER,
-            "status",
-            "--bootstrap-servers",
-            broker.bootstrap_servers,
-            "--control-topic",
-            control,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    status = run_cli(
+        "status", "--bootstrap-servers", broker.bootstrap_servers, "--control-topic", control
     )
     assert status.returncode == 0
     assert f"{topic}:0" in status.stdout and "FINISHED" in status.stdout
@@ -408,12 +390,9 @@ def test_status_prints_on_a_polluted_topic_with_skips_by_reason_and_writers(
     ]:
         producer.produce(control, key=key, value=value)
     assert producer.flush(10) == 0
-    status = subprocess.run(
-        [
-            *SLACKWATER, "status", "--json",
-            "--bootstrap-servers", broker.bootstrap_servers, "--control-topic", control,
-        ],
-        capture_output=True, text=True, timeout=60, check=False,
+    status = run_cli(
+        "status", "--json", "--bootstrap-servers", broker.bootstrap_servers,
+        "--control-topic", control,
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
     document = json.loads(status.stdout)

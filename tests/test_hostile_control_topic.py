@@ -21,7 +21,7 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import EpochClaim, Marker, MarkerStatus, encode
 from tests.conftest import TopicFactory
 from tests.emitter_harness import DEADLINE_S, control_markers
-from tests.factories import SLACKWATER, scrape_metrics
+from tests.factories import SLACKWATER, run_cli, scrape_metrics
 from tests.kafka_writer import Writer
 from tests.process_harness import wait_while_running
 from tests.source_harness import events, window_job
@@ -78,21 +78,17 @@ def _garbage(topic: str) -> dict[str, list[tuple[bytes | None, bytes | None]]]:
     }
 
 
-def _slackwater(*arguments: str) -> list[str]:
-    return [*SLACKWATER, *arguments]
-
-
 def _emit(
     bootstrap: str, topic: str, control: str, port: int, log: Path
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            _slackwater(
-                "emit", "--bootstrap-servers", bootstrap, "--topic", topic,
+            [
+                *SLACKWATER, "emit", "--bootstrap-servers", bootstrap, "--topic", topic,
                 "--control-topic", control, "--idle-timeout", "2s",
                 "--poll-interval", "200ms", "--metrics-port", str(port),
                 "--emitter-id", "fresh",
-            ),
+            ],
             stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
@@ -100,22 +96,16 @@ def _emit(
 
 def _finish_all(bootstrap: str, topic: str, control: str, partitions: int) -> None:
     for partition in range(partitions):
-        finished = subprocess.run(
-            _slackwater(
-                "finish", "--bootstrap-servers", bootstrap, "--control-topic", control,
-                "--topic", topic, "--partition", str(partition), "--timeout", "30",
-            ),
-            capture_output=True, text=True, timeout=60, check=False,
+        finished = run_cli(
+            "finish", "--bootstrap-servers", bootstrap, "--control-topic", control,
+            "--topic", topic, "--partition", str(partition), "--timeout", "30",
         )  # fmt: skip
         assert finished.returncode == 0, finished.stderr
 
 
 def _status(bootstrap: str, control: str) -> dict[str, Any]:
     arguments = ["--bootstrap-servers", bootstrap, "--control-topic", control]
-    status = subprocess.run(
-        _slackwater("status", "--json", *arguments),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    status = run_cli("status", "--json", *arguments)
     assert status.returncode == 0, status.stderr
     assert "Traceback" not in status.stderr
     document: dict[str, Any] = json.loads(status.stdout)

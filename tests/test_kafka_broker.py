@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, free_port
 from tests.conftest import TopicFactory
-from tests.factories import SLACKWATER
+from tests.factories import SLACKWATER, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -135,13 +135,7 @@ def test_cli_broker_with_log_dir_keeps_topics_for_the_next_start(tmp_path: Path)
     [(["--port", "70000"], "70000 is not a port"), (["--port", "0"], "0 is not a port")],
 )
 def test_cli_broker_rejects_a_bad_port_in_one_line(arguments: list[str], message: str) -> None:
-    result = subprocess.run(
-        [*SLACKWATER, "broker", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = run_cli("broker", *arguments, timeout_s=30)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert "argument --port" in last and message in last
