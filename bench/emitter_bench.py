@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from emitter.config import EmitterConfig
@@ -66,11 +66,27 @@ def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
     )
-    consumer.commit(
-        offsets=[TopicPartition(t, p, 0) for t in topics for p in range(per_topic)],
-        asynchronous=False,
-    )
+    offsets = [TopicPartition(t, p, 0) for t in topics for p in range(per_topic)]
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+            break
+        except KafkaException as error:
+            # Right after CreateTopics the group coordinator may not know the topics yet
+            # (UNKNOWN_TOPIC_OR_PART, NOT_COORDINATOR): a consumer application retries.
+            if error.args[0].code() not in _COMMIT_RETRIABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
     consumer.close()
+
+
+_COMMIT_RETRIABLE = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
 
 
 def _writer(bootstrap: str, topics: list[str], per_topic: int, pipe: Connection) -> None:
