@@ -25,13 +25,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import (
-    Progress,
-    RangePartition,
-    SlackwaterStreamReader,
-    SourceOptions,
-    progress_key,
-)
+from spark_consumer.source import SlackwaterStreamReader
+from spark_consumer.source_options import SourceOptions
+from spark_consumer.source_partitions import Progress, RangePartition, progress_key
 
 
 def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:

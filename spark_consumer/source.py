@@ -33,10 +33,8 @@ replay plans the same row and a restart continues from it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -50,396 +48,52 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    IntegerType,
-    LongType,
-    StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
-from slackwater import kafka_clients, list_offsets
+from slackwater import list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
-from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.event_time import (
-    MAX_EVENT_TIME_MS,
-    UnreadableEventTime,
-    from_json_field,
-    from_timestamp,
+from spark_consumer.source_options import (
+    EVENT_TIME,
+    MAX_HELD_MARKERS,
+    OFFSET_VERSION,
+    RETRIABLE_OFFSET_ERRORS,
+    SCHEMA,
+    SOURCE_NAME,
+    WATERMARK_DELAY_METADATA,
+    WATERMARK_DELAY_MS,
+    Offsets,
+    SourceError,
+    SourceOptions,
+    channel,
 )
-from spark_consumer.late_rows import LATE_ONLY, DroppedRow, LateRule, write_range
+from spark_consumer.source_partitions import (
+    Progress,
+    RangePartition,
+    SyntheticPartition,
+    progress_key,
+)
+from spark_consumer.source_readers import read_range, read_synthetic, synthetic_progress_key
 from spark_consumer.valve import MIN_WATERMARK
+
+# The source's public names; the rest lives in source_options, source_partitions and
+# source_readers (SourceError and SOURCE_NAME are re-exported: jobs catch and name them).
+__all__ = [
+    "SOURCE_NAME",
+    "SlackwaterKafkaSource",
+    "SlackwaterStreamReader",
+    "SourceError",
+    "read_stream",
+    "with_valve_watermark",
+]
 
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
 log_unreachable = once_per_interval(f"{__name__}.connection")
-
-SOURCE_NAME = "slackwater-kafka"
-# The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
-# Spark's watermark (real rows give newest - D, far below V).
-WATERMARK_DELAY_DAYS = 36_500
-WATERMARK_DELAY_MS = WATERMARK_DELAY_DAYS * 86_400_000
-# Where the schema tells with_valve_watermark the D the source plans with.
-WATERMARK_DELAY_METADATA = "slackwater.watermarkDelayMs"
-EVENT_TIME = "event_time"
-LATE = "late"
-OFFSET_VERSION = 1
-# Markers for partitions the broker does not list, kept until the partition appears.
-MAX_HELD_MARKERS = 1_000
-
-# Spark's Kafka source's columns, in its order, then the source's own two.
-KAFKA_SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType(
-                    [
-                        StructField("key", StringType()),
-                        StructField("value", BinaryType()),
-                    ]
-                )
-            ),
-        ),
-    ]
-)
-
-KAFKA_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestampType", pa.int32()),
-        pa.field(
-            "headers",
-            pa.list_(
-                pa.struct(
-                    [
-                        pa.field("key", pa.string()),
-                        pa.field("value", pa.binary()),
-                    ]
-                )
-            ),
-        ),
-    ]
-)
-
-SCHEMA = StructType(
-    [
-        *KAFKA_SCHEMA.fields,
-        StructField(EVENT_TIME, TimestampType()),
-        StructField(LATE, BooleanType()),
-    ]
-)
-ARROW_SCHEMA = KAFKA_ARROW_SCHEMA.append(pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC"))).append(
-    pa.field(LATE, pa.bool_())
-)
-
-# Consumer settings that a producer (the readers' progress records) must not get.
-_CONSUMER_ONLY = (
-    "isolation.level",
-    "group.",
-    "auto.offset.reset",
-    "enable.auto",
-    "fetch.",
-    "max.poll",
-    "session.timeout",
-    "heartbeat",
-    "partition.assignment",
-    "queued.",
-    "check.crcs",
-)
-
-Offsets = dict[str, dict[str, int]]
-
-
-def _retriable_offset_errors() -> frozenset[int]:
-    """ListOffsets errors Kafka's protocol marks retriable (a RetriableException in the
-    Java client) that librdkafka's admin result does not flag ``retriable()``: what a
-    partition answers while it is being created or its leader moves."""
-    from confluent_kafka import KafkaError
-
-    names = (
-        "NOT_LEADER_FOR_PARTITION",
-        "LEADER_NOT_AVAILABLE",
-        "UNKNOWN_TOPIC_OR_PART",
-        "REPLICA_NOT_AVAILABLE",
-        "OFFSET_NOT_AVAILABLE",
-        "FENCED_LEADER_EPOCH",
-        "UNKNOWN_LEADER_EPOCH",
-        "NOT_ENOUGH_REPLICAS",
-        "KAFKA_STORAGE_ERROR",
-        "REQUEST_TIMED_OUT",
-    )
-    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
-
-
-_RETRIABLE_OFFSET_ERRORS = _retriable_offset_errors()
-
-
-class SourceError(RuntimeError):
-    """The source cannot plan or read a batch; the message says what and where."""
-
-
-# --------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """The source's options, named as Spark's Kafka source names them where it has one."""
-
-    bootstrap_servers: str
-    topics: tuple[str, ...]
-    topic_pattern: str | None
-    control_topic: str | None
-    max_out_of_orderness_ms: int
-    event_time_field: str | None
-    starting_offsets: str
-    max_offsets_per_trigger: int | None
-    kafka_config: dict[str, str]
-    progress_timeout_s: float
-    request_timeout_s: float
-    read_timeout_s: float
-    max_records_per_arrow_batch: int
-    watermark_delay_ms: int = WATERMARK_DELAY_MS
-    # Where readers write the rows the job's aggregation drops (late_rows.py), or None.
-    late_output: str | None = None
-    late_rule: LateRule = LATE_ONLY
-    progress_topic_name: str | None = None
-    # Flink's withIdleness as a fallback without an emitter (semantics.md §6), or None (off).
-    consumer_idle_timeout_ms: int | None = None
-
-    @classmethod
-    def parse(cls, options: dict[str, str]) -> SourceOptions:
-        lowered = {k.lower(): v for k, v in options.items()}
-        bootstrap = lowered.get("kafka.bootstrap.servers")
-        if not bootstrap:
-            raise SourceError("option 'kafka.bootstrap.servers' is required")
-        topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
-        pattern = lowered.get("subscribepattern") or None
-        if bool(topics) == bool(pattern):
-            raise SourceError("exactly one of the options 'subscribe' and 'subscribePattern'")
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise SourceError(f"option 'subscribePattern' is not a regex: {error}") from None
-        starting = lowered.get("startingoffsets", "earliest").lower()
-        if starting not in ("earliest", "latest"):
-            raise SourceError(f"option 'startingOffsets' must be earliest or latest: {starting!r}")
-        try:
-            out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
-        except ValueError as error:
-            raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
-        try:
-            delay_ms = parse_duration_ms(lowered.get("watermarkdelay", WATERMARK_DELAY_MS))
-        except ValueError as error:
-            raise SourceError(f"option 'watermarkDelay': {error}") from None
-        if not 1 <= delay_ms <= WATERMARK_DELAY_MS:
-            raise SourceError(
-                f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
-                f" {delay_ms} ms"
-            )
-        try:
-            late_rule = LateRule.parse(lowered.get("laterule", "late"))
-        except ValueError as error:
-            raise SourceError(f"option 'lateRule': {error}") from None
-        try:
-            idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
-        except ValueError as error:
-            raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
-        if idle_timeout_ms is not None and idle_timeout_ms < 1:
-            raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
-        max_per_trigger = lowered.get("maxoffsetspertrigger")
-        if max_per_trigger is not None and (
-            not max_per_trigger.isdigit() or int(max_per_trigger) < 1
-        ):
-            raise SourceError(
-                f"option 'maxOffsetsPerTrigger' must be a positive integer: {max_per_trigger!r}"
-            )
-        kafka_config = {
-            key[len("kafka.") :]: value
-            for key, value in options.items()
-            if key.lower().startswith("kafka.") and key.lower() != "kafka.bootstrap.servers"
-        }
-        return cls(
-            bootstrap_servers=bootstrap,
-            topics=topics,
-            topic_pattern=pattern,
-            control_topic=lowered.get("controltopic") or None,
-            max_out_of_orderness_ms=out_of_orderness_ms,
-            event_time_field=lowered.get("eventtimefield") or None,
-            starting_offsets=starting,
-            max_offsets_per_trigger=int(max_per_trigger) if max_per_trigger else None,
-            kafka_config=kafka_config,
-            progress_timeout_s=float(lowered.get("progresstimeoutms", "120000")) / 1000,
-            request_timeout_s=float(lowered.get("requesttimeoutms", "30000")) / 1000,
-            read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
-            max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
-            watermark_delay_ms=delay_ms,
-            late_output=lowered.get("lateoutput") or None,
-            late_rule=late_rule,
-            progress_topic_name=lowered.get("progresstopic") or None,
-            consumer_idle_timeout_ms=idle_timeout_ms,
-        )
-
-    @property
-    def max_planned_watermark_ms(self) -> int:
-        """The highest V a synthetic row can carry (V + D must stay a Spark timestamp):
-        the planned form of MAX_WATERMARK, after which every window has ended."""
-        return MAX_EVENT_TIME_MS - self.watermark_delay_ms
-
-    def client_config(self) -> dict[str, Any]:
-        return kafka_clients.client_settings("source", self.bootstrap_servers, self.kafka_config)
-
-    def producer_config(self) -> dict[str, Any]:
-        return {
-            key: value
-            for key, value in self.client_config().items()
-            if not key.startswith(_CONSUMER_ONLY)
-        }
-
-    @property
-    def progress_topic(self) -> str:
-        """Where readers report each range's progress: named from the control topic
-        unless the option ``progressTopic`` names it."""
-        return self.progress_topic_name or f"{self.control_topic or 'slackwater'}.progress"
-
-    @property
-    def read_committed(self) -> bool:
-        # librdkafka's default, as Spark's Kafka source is read_uncommitted by default.
-        return self.kafka_config.get("isolation.level", "read_committed") == "read_committed"
-
-    def subscribes(self, topic: str) -> bool:
-        if self.topic_pattern is not None:
-            return re.fullmatch(self.topic_pattern, topic) is not None
-        return topic in self.topics
-
-
-def channel(topic: str, partition: int | str) -> str:
-    """A valve channel: one partition of one subscribed topic."""
-    return f"{topic}:{partition}"
-
-
-# -------------------------------------------------------------------------- progress
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a reader saw in one range: the driver needs nothing else of the data."""
-
-    records: int
-    max_event_time_ms: int | None
-    max_offset: int
-    late: int
-    unreadable: int
-    # Rows written to the late output (the option lateOutput), else 0.
-    dropped: int = 0
-    # Spark's id of the batch that read the range (its task's local property).
-    batch_id: int | None = None
-
-    def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> Progress:
-        raw = json.loads(value)
-        return cls(
-            records=int(raw["records"]),
-            max_event_time_ms=None
-            if raw["max_event_time_ms"] is None
-            else int(raw["max_event_time_ms"]),
-            max_offset=int(raw["max_offset"]),
-            late=int(raw["late"]),
-            unreadable=int(raw["unreadable"]),
-            dropped=int(raw.get("dropped", 0)),
-            batch_id=None if raw.get("batch_id") is None else int(raw["batch_id"]),
-        )
-
-
-def progress_key(
-    *, topic: str, partition: int, start: int, end: int, late_threshold_ms: int, event_time: str
-) -> str:
-    """The same range read with the same settings gives the same record: retries and
-    replays only repeat it."""
-    return f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
-
-
-# ------------------------------------------------------------------------ partitions
-
-
-@dataclass(frozen=True)
-class RangePartition(InputPartition):
-    """One Kafka partition's ``[start, end)`` in one micro-batch."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-    # The watermark Spark evicts state by in this batch (the previous batch's plan).
-    late_threshold_ms: int
-    # The one before it, and Spark's id of the batch that planned it: with this batch's
-    # id they give the watermark Spark judges late rows by (late_events_watermark).
-    previous_threshold_ms: int = MIN_WATERMARK
-    previous_batch_id: int | None = None
-
-
-@dataclass(frozen=True)
-class SyntheticPartition(InputPartition):
-    """The batch's one synthetic row: event time V + D (semantics.md §6). Its task also
-    reports Spark's batch id, for a batch that read no range."""
-
-    planned_watermark_ms: int
-    watermark_delay_ms: int
-    progress_key: str = ""
-
-
-def late_events_watermark(split: RangePartition, batch_id: int | None) -> int:
-    """The watermark Spark's first stateful operator drops late rows by in this batch.
-
-    Since Spark 3.4 (SPARK-40925) a batch evicts state by its own watermark but judges
-    late input by the watermark of the batch Spark ran just before it. That is the
-    batch this source planned before (whose watermark was ``previous_threshold_ms``),
-    unless Spark ran a no-data batch in between (the batch ids are not consecutive),
-    whose watermark is already this batch's (``late_threshold_ms``):
-
-        plans:      ...  D(k-1)                     D(k)
-        Spark:      ...  D(k-1) [no-data batch(es)] D(k)
-        late by:    D(k-1)'s watermark  if D(k) directly follows D(k-1)
-                    D(k)'s watermark    if a no-data batch ran between them
-
-    Unknown ids (an offset from an older version): this batch's watermark, as before.
-    """
-    if batch_id is None or split.previous_batch_id is None:
-        return split.late_threshold_ms
-    if batch_id > split.previous_batch_id + 1:
-        return split.late_threshold_ms
-    return split.previous_threshold_ms
-
-
-def _spark_batch_id() -> int | None:
-    """Spark's id of the micro-batch this task runs in (a local property of the task)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
-    return int(value) if value is not None else None
-
 
 # ---------------------------------------------------------------------------- source
 
@@ -579,7 +233,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         not_ready: dict[tuple[str, int], str] = {}
         for (topic, partition), answer in answers.items():
             if isinstance(answer, KafkaError):
-                if not (answer.retriable() or answer.code() in _RETRIABLE_OFFSET_ERRORS):
+                if not (answer.retriable() or answer.code() in RETRIABLE_OFFSET_ERRORS):
                     raise SourceError(f"{spec_name} offset of {topic}[{partition}]: {answer}")
                 not_ready[(topic, partition)] = answer.name()
                 continue
@@ -1096,285 +750,6 @@ def _rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
         share = max(1, (b - a) * max_records // total)
         limited[topic][str(partition)] = min(b, a + share)
     return limited
-
-
-# ---------------------------------------------------------------------- executors
-
-
-def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            # librdkafka (>= 2.3) pauses fetching for fetch.queue.backoff.ms (default
-            # 1 s) whenever its queue holds queued.min.messages (100,000): a reader that
-            # drains 10,000 at a time then sat idle most of the time, at 180k records/s
-            # instead of over 1M (docs/performance.md). A kafka.* option overrides it.
-            "fetch.queue.backoff.ms": 10,
-            **options.client_config(),
-            "group.id": "slackwater-reader",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-        }
-    )
-    batch_id = _spark_batch_id()
-    builder = _Builder(
-        split,
-        options.event_time_field,
-        late_events_watermark(split, batch_id),
-        options.late_rule if options.late_output is not None else None,
-    )
-    try:
-        consumer.assign([TopicPartition(split.topic, split.partition, split.start)])
-        position = split.start
-        deadline = time.monotonic() + options.read_timeout_s
-        while position < split.end:
-            messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
-            records = _records_before(messages, split, position)
-            if records:
-                builder.add_many(records)
-                position = int(records[-1].offset()) + 1
-                if len(builder) >= options.max_records_per_arrow_batch:
-                    yield builder.flush()
-            if (
-                messages
-                and messages[-1].error() is None
-                and (messages[-1].offset() or 0) >= split.end
-            ):
-                position = split.end  # read past the range: it is complete
-            if messages:
-                deadline = time.monotonic() + options.read_timeout_s
-            # Offset gaps (transaction markers, compaction): the consumer's position
-            # moves past offsets that carry no record.
-            current = consumer.position([TopicPartition(split.topic, split.partition)])
-            if current and current[0].offset > position:
-                position = min(current[0].offset, split.end)
-            if position < split.end and time.monotonic() > deadline:
-                raise SourceError(
-                    f"timed out reading {split.topic}[{split.partition}] at {position}, "
-                    f"expected up to {split.end}"
-                )
-        if len(builder):
-            yield builder.flush()
-    finally:
-        consumer.close()
-    # The rows the job will drop, aside, before the progress that lets the plan go on.
-    if options.late_output is not None:
-        write_range(
-            options.late_output,
-            builder.dropped,
-            topic=split.topic,
-            partition=split.partition,
-            start=split.start,
-            end=split.end,
-            threshold_ms=builder.threshold_ms,
-        )
-    # The range was read whole: its progress goes to the driver.
-    key = progress_key(
-        topic=split.topic,
-        partition=split.partition,
-        start=split.start,
-        end=split.end,
-        late_threshold_ms=split.late_threshold_ms,
-        event_time=options.event_time_field or "timestamp",
-    )
-    _report_progress(options, key, dataclasses.replace(builder.progress(), batch_id=batch_id))
-
-
-def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterator[pa.RecordBatch]:
-    """The synthetic row, then Spark's batch id to the planner (as a range's progress)."""
-    yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
-    if split.progress_key:
-        progress = Progress(0, None, -1, 0, 0, batch_id=_spark_batch_id())
-        _report_progress(options, split.progress_key, progress)
-
-
-def _report_progress(options: SourceOptions, key: str, progress: Progress) -> None:
-    """One progress record, acknowledged before the task ends (a retry or a replay
-    writes the same record again, harmlessly)."""
-    from confluent_kafka import Producer
-
-    producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
-    producer.produce(options.progress_topic, key=key.encode(), value=progress.encode())
-    if producer.flush(options.request_timeout_s) != 0:
-        raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
-
-
-def synthetic_progress_key(plan_id: str) -> str:
-    return f"synthetic:{plan_id}"
-
-
-def _records_before(messages: list[Any], split: RangePartition, position: int) -> list[Any]:
-    """The records of one consume call that belong to the range, in offset order.
-
-    Errors are rare: one check over the call, and the slow path only when one is there.
-    """
-    if any(message.error() is not None for message in messages):
-        from confluent_kafka import KafkaError
-
-        for message in messages:
-            error = message.error()
-            if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise SourceError(
-                    f"reading {split.topic}[{split.partition}] at {position}: {error}"
-                )
-        messages = [message for message in messages if message.error() is None]
-    if messages and messages[-1].offset() >= split.end:
-        messages = [message for message in messages if message.offset() < split.end]
-    return messages
-
-
-class _Builder:
-    """Column lists for Arrow batches, filled a consume call at a time, and the range's
-    running progress. Column-wise on purpose: one comprehension per column costs a
-    fraction of one Python call per record (docs/performance.md)."""
-
-    def __init__(
-        self,
-        split: RangePartition,
-        event_time_field: str | None,
-        threshold_ms: int,
-        late_rule: LateRule | None = None,
-    ) -> None:
-        self.split = split
-        self.event_time_field = event_time_field
-        # The watermark Spark judges this range's rows late by (late_events_watermark).
-        self.threshold_ms = threshold_ms
-        self.late_rule = late_rule
-        self.dropped: list[DroppedRow] = []
-        self.records = self.late = self.unreadable = 0
-        self.max_event_ms: int | None = None
-        self.max_offset = -1
-        self._reset()
-
-    def _reset(self) -> None:
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int | None] = []
-        self.timestamp_types: list[int] = []
-        self.headers: list[list[dict[str, Any]] | None] = []
-        self.event_times: list[int | None] = []
-        self.lates: list[bool] = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add_many(self, messages: list[Any]) -> None:
-        values = [m.value() for m in messages]
-        stamps = [m.timestamp() for m in messages]
-        offsets = [m.offset() for m in messages]
-        self.keys += [m.key() for m in messages]
-        self.values += values
-        self.offsets += offsets
-        # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
-        self.timestamps += [ms * 1000 if kind else None for kind, ms in stamps]
-        self.timestamp_types += [kind - 1 if kind else 0 for kind, _ in stamps]
-        self.headers += [
-            [{"key": k, "value": v} for k, v in raw] if raw else None
-            for raw in (m.headers() for m in messages)
-        ]
-        event_ms = self._event_times(values, stamps)
-        threshold = self.threshold_ms
-        # No event time: the row is late (it cannot be placed in event time), counted.
-        lates = [ms is None or ms < threshold for ms in event_ms]
-        readable = [ms for ms in event_ms if ms is not None]
-        unreadable = len(event_ms) - len(readable)
-        self.records += len(messages)
-        self.unreadable += unreadable
-        self.late += sum(lates) - unreadable
-        if readable:
-            newest = max(readable)
-            if self.max_event_ms is None or newest > self.max_event_ms:
-                self.max_event_ms = newest
-        self.max_offset = offsets[-1]
-        self.event_times += [None if ms is None else ms * 1000 for ms in event_ms]
-        self.lates += lates
-        if self.late_rule is not None and any(lates):
-            self._note_dropped(values, stamps, offsets, event_ms, threshold)
-
-    def _note_dropped(
-        self,
-        values: list[bytes | None],
-        stamps: list[tuple[int, int]],
-        offsets: list[int],
-        event_ms: list[int | None],
-        threshold: int,
-    ) -> None:
-        """The rows the job's aggregation will drop, with why (late_rows.py). Only
-        late rows can be dropped, so only consume calls that have one come here."""
-        assert self.late_rule is not None
-        for index, ms in enumerate(event_ms):
-            if ms is None:
-                reason = "unreadable: " + self._why_unreadable(values[index], stamps[index])
-            elif self.late_rule.dropped(ms, threshold):
-                reason = "late"
-            else:
-                continue
-            self.dropped.append(DroppedRow(offsets[index], ms, reason))
-
-    def _why_unreadable(self, value: bytes | None, stamp: tuple[int, int]) -> str:
-        try:
-            if self.event_time_field is None:
-                from_timestamp(*stamp)
-            else:
-                from_json_field(value, self.event_time_field)
-        except UnreadableEventTime as error:
-            return str(error)
-        return "no event time"
-
-    def _event_times(
-        self, values: list[bytes | None], stamps: list[tuple[int, int]]
-    ) -> list[int | None]:
-        if self.event_time_field is None:
-            return [ms if kind and ms >= 0 else None for kind, ms in stamps]
-        field_name = self.event_time_field
-        result: list[int | None] = []
-        for value in values:
-            try:
-                result.append(from_json_field(value, field_name))
-            except UnreadableEventTime:
-                result.append(None)
-        return result
-
-    def flush(self) -> pa.RecordBatch:
-        count = len(self.offsets)
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array([self.split.topic] * count, pa.string()),
-                pa.array([self.split.partition] * count, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-                pa.array(self.timestamp_types, pa.int32()),
-                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
-                pa.array(self.event_times, pa.timestamp("us", tz="UTC")),
-                pa.array(self.lates, pa.bool_()),
-            ],
-            schema=ARROW_SCHEMA,
-        )
-        self._reset()
-        return batch
-
-    def progress(self) -> Progress:
-        return Progress(
-            records=self.records,
-            max_event_time_ms=self.max_event_ms,
-            max_offset=self.max_offset,
-            late=self.late,
-            unreadable=self.unreadable,
-            dropped=len(self.dropped),
-        )
-
-
-def _synthetic_batch(planned_watermark_ms: int, watermark_delay_ms: int) -> pa.RecordBatch:
-    row: dict[str, Any] = {name: None for name in ARROW_SCHEMA.names}
-    row[EVENT_TIME] = (planned_watermark_ms + watermark_delay_ms) * 1000
-    row[LATE] = False
-    return pa.RecordBatch.from_pylist([row], schema=ARROW_SCHEMA)
 
 
 # ------------------------------------------------------------------------ public API

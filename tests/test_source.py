@@ -18,10 +18,10 @@ from spark_consumer.source import (
     SlackwaterKafkaSource,
     SlackwaterStreamReader,
     SourceError,
-    SourceOptions,
     with_valve_watermark,
 )
 from spark_consumer.source_metrics import partitions_of, serve_source_metrics
+from spark_consumer.source_options import SourceOptions
 from tests.conftest import TopicFactory
 from tests.factories import scrape_metrics
 from tests.kafka_writer import BASE_MS, Writer

@@ -1,0 +1,284 @@
+"""The slackwater source's options, schemas and constants: what the driver and the readers
+both need, parsed once from the DataSource options."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from slackwater import kafka_clients
+from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
+from spark_consumer.event_time import (
+    MAX_EVENT_TIME_MS,
+)
+from spark_consumer.late_rows import LATE_ONLY, LateRule
+
+SOURCE_NAME = "slackwater-kafka"
+# The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
+# Spark's watermark (real rows give newest - D, far below V).
+WATERMARK_DELAY_DAYS = 36_500
+WATERMARK_DELAY_MS = WATERMARK_DELAY_DAYS * 86_400_000
+# Where the schema tells with_valve_watermark the D the source plans with.
+WATERMARK_DELAY_METADATA = "slackwater.watermarkDelayMs"
+EVENT_TIME = "event_time"
+LATE = "late"
+OFFSET_VERSION = 1
+# Markers for partitions the broker does not list, kept until the partition appears.
+MAX_HELD_MARKERS = 1_000
+
+# Spark's Kafka source's columns, in its order, then the source's own two.
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("key", StringType()),
+                        StructField("value", BinaryType()),
+                    ]
+                )
+            ),
+        ),
+    ]
+)
+
+KAFKA_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field(
+            "headers",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("key", pa.string()),
+                        pa.field("value", pa.binary()),
+                    ]
+                )
+            ),
+        ),
+    ]
+)
+
+SCHEMA = StructType(
+    [
+        *KAFKA_SCHEMA.fields,
+        StructField(EVENT_TIME, TimestampType()),
+        StructField(LATE, BooleanType()),
+    ]
+)
+ARROW_SCHEMA = KAFKA_ARROW_SCHEMA.append(pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC"))).append(
+    pa.field(LATE, pa.bool_())
+)
+
+# Consumer settings that a producer (the readers' progress records) must not get.
+_CONSUMER_ONLY = (
+    "isolation.level",
+    "group.",
+    "auto.offset.reset",
+    "enable.auto",
+    "fetch.",
+    "max.poll",
+    "session.timeout",
+    "heartbeat",
+    "partition.assignment",
+    "queued.",
+    "check.crcs",
+)
+
+Offsets = dict[str, dict[str, int]]
+
+
+def _retriable_offset_errors() -> frozenset[int]:
+    """ListOffsets errors Kafka's protocol marks retriable (a RetriableException in the
+    Java client) that librdkafka's admin result does not flag ``retriable()``: what a
+    partition answers while it is being created or its leader moves."""
+    from confluent_kafka import KafkaError
+
+    names = (
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "UNKNOWN_TOPIC_OR_PART",
+        "REPLICA_NOT_AVAILABLE",
+        "OFFSET_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+        "NOT_ENOUGH_REPLICAS",
+        "KAFKA_STORAGE_ERROR",
+        "REQUEST_TIMED_OUT",
+    )
+    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
+
+
+RETRIABLE_OFFSET_ERRORS = _retriable_offset_errors()
+
+
+class SourceError(RuntimeError):
+    """The source cannot plan or read a batch; the message says what and where."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, named as Spark's Kafka source names them where it has one."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    control_topic: str | None
+    max_out_of_orderness_ms: int
+    event_time_field: str | None
+    starting_offsets: str
+    max_offsets_per_trigger: int | None
+    kafka_config: dict[str, str]
+    progress_timeout_s: float
+    request_timeout_s: float
+    read_timeout_s: float
+    max_records_per_arrow_batch: int
+    watermark_delay_ms: int = WATERMARK_DELAY_MS
+    # Where readers write the rows the job's aggregation drops (late_rows.py), or None.
+    late_output: str | None = None
+    late_rule: LateRule = LATE_ONLY
+    progress_topic_name: str | None = None
+    # Flink's withIdleness as a fallback without an emitter (semantics.md §6), or None (off).
+    consumer_idle_timeout_ms: int | None = None
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> SourceOptions:
+        lowered = {k.lower(): v for k, v in options.items()}
+        bootstrap = lowered.get("kafka.bootstrap.servers")
+        if not bootstrap:
+            raise SourceError("option 'kafka.bootstrap.servers' is required")
+        topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
+        pattern = lowered.get("subscribepattern") or None
+        if bool(topics) == bool(pattern):
+            raise SourceError("exactly one of the options 'subscribe' and 'subscribePattern'")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise SourceError(f"option 'subscribePattern' is not a regex: {error}") from None
+        starting = lowered.get("startingoffsets", "earliest").lower()
+        if starting not in ("earliest", "latest"):
+            raise SourceError(f"option 'startingOffsets' must be earliest or latest: {starting!r}")
+        try:
+            out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
+        except ValueError as error:
+            raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
+        try:
+            delay_ms = parse_duration_ms(lowered.get("watermarkdelay", WATERMARK_DELAY_MS))
+        except ValueError as error:
+            raise SourceError(f"option 'watermarkDelay': {error}") from None
+        if not 1 <= delay_ms <= WATERMARK_DELAY_MS:
+            raise SourceError(
+                f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
+                f" {delay_ms} ms"
+            )
+        try:
+            late_rule = LateRule.parse(lowered.get("laterule", "late"))
+        except ValueError as error:
+            raise SourceError(f"option 'lateRule': {error}") from None
+        try:
+            idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
+        except ValueError as error:
+            raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
+        if idle_timeout_ms is not None and idle_timeout_ms < 1:
+            raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
+        max_per_trigger = lowered.get("maxoffsetspertrigger")
+        if max_per_trigger is not None and (
+            not max_per_trigger.isdigit() or int(max_per_trigger) < 1
+        ):
+            raise SourceError(
+                f"option 'maxOffsetsPerTrigger' must be a positive integer: {max_per_trigger!r}"
+            )
+        kafka_config = {
+            key[len("kafka.") :]: value
+            for key, value in options.items()
+            if key.lower().startswith("kafka.") and key.lower() != "kafka.bootstrap.servers"
+        }
+        return cls(
+            bootstrap_servers=bootstrap,
+            topics=topics,
+            topic_pattern=pattern,
+            control_topic=lowered.get("controltopic") or None,
+            max_out_of_orderness_ms=out_of_orderness_ms,
+            event_time_field=lowered.get("eventtimefield") or None,
+            starting_offsets=starting,
+            max_offsets_per_trigger=int(max_per_trigger) if max_per_trigger else None,
+            kafka_config=kafka_config,
+            progress_timeout_s=float(lowered.get("progresstimeoutms", "120000")) / 1000,
+            request_timeout_s=float(lowered.get("requesttimeoutms", "30000")) / 1000,
+            read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
+            max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
+            watermark_delay_ms=delay_ms,
+            late_output=lowered.get("lateoutput") or None,
+            late_rule=late_rule,
+            progress_topic_name=lowered.get("progresstopic") or None,
+            consumer_idle_timeout_ms=idle_timeout_ms,
+        )
+
+    @property
+    def max_planned_watermark_ms(self) -> int:
+        """The highest V a synthetic row can carry (V + D must stay a Spark timestamp):
+        the planned form of MAX_WATERMARK, after which every window has ended."""
+        return MAX_EVENT_TIME_MS - self.watermark_delay_ms
+
+    def client_config(self) -> dict[str, Any]:
+        return kafka_clients.client_settings("source", self.bootstrap_servers, self.kafka_config)
+
+    def producer_config(self) -> dict[str, Any]:
+        return {
+            key: value
+            for key, value in self.client_config().items()
+            if not key.startswith(_CONSUMER_ONLY)
+        }
+
+    @property
+    def progress_topic(self) -> str:
+        """Where readers report each range's progress: named from the control topic
+        unless the option ``progressTopic`` names it."""
+        return self.progress_topic_name or f"{self.control_topic or 'slackwater'}.progress"
+
+    @property
+    def read_committed(self) -> bool:
+        # librdkafka's default, as Spark's Kafka source is read_uncommitted by default.
+        return self.kafka_config.get("isolation.level", "read_committed") == "read_committed"
+
+    def subscribes(self, topic: str) -> bool:
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
+
+
+def channel(topic: str, partition: int | str) -> str:
+    """A valve channel: one partition of one subscribed topic."""
+    return f"{topic}:{partition}"
