@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterStreamReader
 from spark_consumer.source_options import SourceOptions
-from spark_consumer.source_partitions import Progress, RangePartition, progress_key
+from spark_consumer.source_partitions import Progress, RangePartition
 
 
 def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:
@@ -57,14 +57,7 @@ def _write_progress(
     for split in reader.partitions(start, end):
         if not isinstance(split, RangePartition):
             continue
-        key = progress_key(
-            topic=split.topic,
-            partition=split.partition,
-            start=split.start,
-            end=split.end,
-            late_threshold_ms=split.late_threshold_ms,
-            event_time="timestamp",
-        )
+        key = split.progress_key("timestamp")
         progress = Progress(
             records=split.end - split.start,
             max_event_time_ms=1_700_000_000_000,

@@ -24,7 +24,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from slackwater import list_offsets
+from slackwater import kafka_clients, list_offsets
 from slackwater.markers import TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,7 @@ class BrokerObserver:
             except KafkaException as error:
                 view.errors["metadata"] = str(error.args[0] if error.args else error)
                 return view  # without metadata nothing else is trustworthy this poll
-            counts = {}
-            for name in watched:
-                topic = metadata.topics.get(name)
-                if topic is not None and topic.error is None:
-                    counts[name] = len(topic.partitions)
+            counts = kafka_clients.partition_counts(metadata, watched)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
             view.topics, view.reachable = counts, True
         batches = self._batches_for(counts)

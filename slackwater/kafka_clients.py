@@ -5,7 +5,7 @@ what the client's job needs, which the user cannot override by accident."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -51,3 +51,15 @@ def producer(
     ours: Mapping[str, Any] | None = None,
 ) -> Producer:
     return Producer(client_settings(name, bootstrap_servers, user, ours))
+
+
+def partition_counts(metadata: Any, names: Iterable[str]) -> dict[str, int]:
+    """Partitions of each of ``names`` in a metadata answer (``list_topics``), in
+    ``names``' order; a topic the broker does not list, or lists with an error, is left
+    out: partitions come from the broker, and only from a good answer."""
+    counts: dict[str, int] = {}
+    for name in names:
+        topic = metadata.topics.get(name)
+        if topic is not None and topic.error is None:
+            counts[name] = len(topic.partitions)
+    return counts

@@ -53,7 +53,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slackwater import list_offsets
+from slackwater import kafka_clients, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -181,11 +181,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def _partition_counts(self) -> dict[str, int]:
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
-        return {
-            name: len(topic.partitions)
-            for name, topic in metadata.topics.items()
-            if topic.error is None and self.options.subscribes(name)
-        }
+        return self._subscribed(metadata)
+
+    def _subscribed(self, metadata: Any) -> dict[str, int]:
+        """Partition counts of the subscribed topics the broker lists."""
+        names = [name for name in metadata.topics if self.options.subscribes(name)]
+        return kafka_clients.partition_counts(metadata, names)
 
     def _list_offsets(
         self, partitions: list[tuple[str, int]], spec_name: str, *, wait_for_all: bool = False
@@ -375,16 +376,14 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         """One metadata request and one ListOffsets round for the whole plan: the
         subscribed topics' partitions and log ends, and the control topic's ends."""
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
-        counts = {
-            name: len(topic.partitions)
-            for name, topic in metadata.topics.items()
-            if topic.error is None and self.options.subscribes(name)
-        }
+        counts = self._subscribed(metadata)
         wanted = [(t, p) for t, count in counts.items() for p in range(count)]
         control = self.options.control_topic
-        described = metadata.topics.get(control) if control is not None else None
-        if described is not None and described.error is None:
-            wanted += [(control, p) for p in described.partitions]
+        if control is not None:
+            wanted += [
+                (control, p)
+                for p in range(kafka_clients.partition_counts(metadata, [control]).get(control, 0))
+            ]
         latest = self._list_offsets(wanted, "latest")
         control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
         return _BrokerNow(counts, latest, control_ends)

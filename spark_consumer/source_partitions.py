@@ -70,6 +70,17 @@ class RangePartition(InputPartition):
     previous_threshold_ms: int = MIN_WATERMARK
     previous_batch_id: int | None = None
 
+    def progress_key(self, event_time: str) -> str:
+        """The key of the progress record its reader writes (see progress_key)."""
+        return progress_key(
+            topic=self.topic,
+            partition=self.partition,
+            start=self.start,
+            end=self.end,
+            late_threshold_ms=self.late_threshold_ms,
+            event_time=event_time,
+        )
+
 
 @dataclass(frozen=True)
 class SyntheticPartition(InputPartition):

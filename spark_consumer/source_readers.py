@@ -23,7 +23,6 @@ from spark_consumer.source_partitions import (
     RangePartition,
     SyntheticPartition,
     late_events_watermark,
-    progress_key,
     spark_batch_id,
 )
 
@@ -101,14 +100,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             threshold_ms=builder.threshold_ms,
         )
     # The range was read whole: its progress goes to the driver.
-    key = progress_key(
-        topic=split.topic,
-        partition=split.partition,
-        start=split.start,
-        end=split.end,
-        late_threshold_ms=split.late_threshold_ms,
-        event_time=options.event_time_field or "timestamp",
-    )
+    key = split.progress_key(options.event_time_field or "timestamp")
     _report_progress(options, key, dataclasses.replace(builder.progress(), batch_id=batch_id))
 
 
