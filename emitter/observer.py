@@ -60,8 +60,8 @@ class BrokerObserver:
     ``batch_partitions`` (built once per metadata), all submitted before any is awaited,
     together with the group's description: one round of requests per poll.
     (librdkafka's CPU per partition grows with the size of one request: at 10,000
-    partitions, batches of 250 cost 53 ms of CPU per poll, of 1,000 96 ms, one
-    request 4x more; docs/performance.md.)
+    partitions, batches of 250 cost 59 ms of CPU per poll, of 1,000 109 ms;
+    bench/emitter_requests_bench.py, docs/performance.md.)
     """
 
     def __init__(
