@@ -214,20 +214,21 @@ class Detector:
         self, decide: set[TopicPartitionKey], log_ends: Mapping[TopicPartitionKey, int]
     ) -> list[Proposal]:
         now = self._clock.now_s
-        partitions, active = self.partitions, MarkerStatus.ACTIVE
-        # A busy topic's common case, without the general path's calls: an ACTIVE partition
-        # whose log end moved restarts its still time and can propose nothing (unless the
-        # idle timeout is zero); its idle deadline is decided when it passes.
+        active = MarkerStatus.ACTIVE
+        # A busy topic's common case needs no decision: an ACTIVE partition whose log end
+        # moved has its still time restarted and can propose nothing (unless the idle
+        # timeout is zero); its queued idle deadline is decided when it passes.
         moved_active_is_quiet = self.idle_timeout_s > ROUNDING_S
         decided: list[tuple[TopicPartitionKey, Proposal]] = []
         for key in decide:
             log_end = log_ends.get(key)
             if log_end is None:
-                if key in partitions or key in self.held:
+                if key in self.partitions or key in self.held:
                     self._recheck.add(key)  # not observed: decided when it is
                 continue
-            state = partitions.get(key) or self._state(key)
+            state = self._state(key)
             previous = state.log_end_offset
+            self._update_clock(state, log_end, now)
             if (
                 moved_active_is_quiet
                 and previous is not None
@@ -237,12 +238,7 @@ class Detector:
                 and state.deadline_s is not None
                 and state.deadline_s > now + ROUNDING_S
             ):
-                state.log_end_offset = log_end
-                if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
-                    state.max_log_end_offset = log_end
-                state.still_closed_s, state.run_started_s = 0.0, now
-                continue
-            self._update_clock(state, log_end, now)
+                continue  # nothing to propose, and its idle deadline is queued already
             proposal = self._decide(key, state, log_end, now)
             if proposal is not None:
                 decided.append((key, proposal))
@@ -289,8 +285,9 @@ class Detector:
             return Proposal(topic, partition, MarkerStatus.IDLE, log_end, Reason.IDLE_TIMEOUT)
         # Not yet: decided again when the timeout would be reached, if nothing moves.
         deadline = now + (self.idle_timeout_s - still_s)
-        # One live heap entry per partition; one that is due (or was dropped while the
-        # partition was held aside) is replaced.
+        # One live heap entry per partition, kept while it is earlier than needed (it is
+        # decided again when it pops); one already due is replaced (popping clears it, so
+        # this only guards against a deadline left without its heap entry).
         if (
             state.deadline_s is None
             or state.deadline_s <= now + ROUNDING_S

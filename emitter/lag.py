@@ -94,11 +94,7 @@ class LogEndTimelines:
             if timeline is None:
                 timeline = self.timelines[key] = LogEndTimeline()
             before = previous.get(key)
-            # The flat run's end, unless it is the timeline's last point already (a log
-            # end that moves every poll: the busy case).
-            if before is not None and (
-                timeline.wall_ms[-1] != previous_wall_ms or timeline.offsets[-1] != before
-            ):
+            if before is not None:  # the flat run's end (record skips a repeated point)
                 timeline.record(previous_wall_ms, before)
             timeline.record(wall_ms, log_end)
         for key in previous.keys() - log_ends.keys():

@@ -80,8 +80,7 @@ class BrokerObserver:
         self._partition_counts: dict[str, int] | None = None
         self._metadata_at_s = 0.0
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        self._batches: list[_Batch] = []
-        self._batches_counts: dict[str, int] | None = None
+        self._batches: list[_Batch] = []  # of the partition counts above
 
     def observe(self, topics: Iterable[str], group: str | None) -> BrokerView:
         view = BrokerView()
@@ -100,9 +99,11 @@ class BrokerObserver:
                 view.errors["metadata"] = str(error.args[0] if error.args else error)
                 return view  # without metadata nothing else is trustworthy this poll
             counts = kafka_clients.partition_counts(metadata, watched)
+            if counts != self._partition_counts:
+                self._batches = self._batches_of(counts)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
             view.topics, view.reachable = counts, True
-        batches = self._batches_for(counts)
+        batches = self._batches
         if not batches:
             return view
         offsets_pending = [
@@ -146,17 +147,14 @@ class BrokerObserver:
             errors[kind] = str(error)
             return None
 
-    def _batches_for(self, counts: dict[str, int]) -> list[_Batch]:
-        """The batches of these partition counts: built again only when the metadata
-        shows a different set of partitions."""
-        if self._batches_counts != counts:
-            partitions = [(name, index) for name, count in counts.items() for index in range(count)]
-            self._batches = [
-                _Batch(partitions[i : i + self._batch], self._latest)
-                for i in range(0, len(partitions), self._batch)
-            ]
-            self._batches_counts = dict(counts)
-        return self._batches
+    def _batches_of(self, counts: dict[str, int]) -> list[_Batch]:
+        """The request batches of these partition counts: built when the metadata shows
+        a different set of partitions, then sent at every poll."""
+        partitions = [(name, index) for name, count in counts.items() for index in range(count)]
+        return [
+            _Batch(partitions[i : i + self._batch], self._latest)
+            for i in range(0, len(partitions), self._batch)
+        ]
 
     def _list_latest(self, request: list_offsets.Request) -> Future[Any]:
         """One ListOffsets(latest) for a batch, as a single future (list_offsets.py)."""

@@ -15,7 +15,7 @@ from emitter.config import EmitterConfig
 from emitter.control_topic import ControlTopicReader
 from emitter.service import Emitter
 from slackwater.markers import Marker
-from tests.factories import samples, wait_until
+from tests.factories import parsed_samples, wait_until
 
 FAST = {
     "idle_timeout_ms": 1_000,
@@ -88,11 +88,9 @@ class RunningEmitter:
 
     def metric(self, name: str, **labels: str) -> float | None:
         """The value of one series from a real scrape of /metrics."""
-        wanted = {f'{k}="{v}"' for k, v in labels.items()}
-        for key, value in samples(self.metrics_text()).items():
-            sample_name, _, label_text = key.partition("{")
-            if sample_name == name and wanted <= set(label_text.rstrip("}").split(",")):
-                return value
+        for sample_name, sample_labels, value in parsed_samples(self.metrics_text()):
+            if sample_name == name and all(sample_labels.get(k) == v for k, v in labels.items()):
+                return float(value)
         return None
 
     def stop(self) -> int:

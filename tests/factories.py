@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +58,19 @@ def marker(
     )
 
 
+def parsed_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Exposition text as (name, labels, value), one per sample."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, sample.labels, sample.value
+
+
 def samples(text: str) -> dict[str, float]:
     """Exposition text as {'name{label="value",...}': value}, labels sorted by name."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    for name, labels, value in parsed_samples(text):
+        label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        values[f"{name}{{{label_text}}}" if label_text else name] = value
     return values
 
 
