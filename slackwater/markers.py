@@ -162,6 +162,10 @@ def decode(key: bytes | str | None, value: bytes | str | None) -> ControlRecord:
         document: Any = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise MalformedControlRecord(f"value is not JSON: {error}") from None
+    except ValueError as error:  # an integer of more digits than Python parses (4,300)
+        raise MalformedControlRecord(f"value is not JSON: {str(error)[:80]}") from None
+    except RecursionError:
+        raise MalformedControlRecord("value is not JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise MalformedControlRecord(f"value is a JSON {type(document).__name__}, not an object")
     if "kind" in document:

@@ -80,6 +80,8 @@ class Counters:
     records_after_finished: int = 0
     data_reactivations: int = 0
     consumer_idle_timeouts: int = 0
+    # Partitions that appeared after the valve's output was FINISHED (semantics.md §6).
+    partitions_after_finished: int = 0
 
 
 # Which valve channel a marker is for; None for a marker of a topic not read here.
@@ -114,13 +116,52 @@ class MarkerAligner:
     def _partition_of_own_topic(self, marker: Marker) -> Hashable | None:
         return marker.partition if marker.topic == self.topic else None
 
-    def ensure_partitions(self, partitions: Iterable[Hashable]) -> list[Emitted]:
-        """Adds partitions the consumer did not know (a topic grew): ACTIVE channels."""
+    def ensure_partitions(
+        self, partitions: Iterable[Hashable], read_positions: dict[Hashable, int] | None = None
+    ) -> list[Emitted]:
+        """Adds partitions the consumer did not know (a topic grew): ACTIVE channels,
+        whose read position starts where reading them starts (``read_positions``)."""
         emitted: list[Emitted] = []
         for partition in sorted(set(partitions) - set(self.partitions), key=_order):
-            self.partitions[partition] = _Partition()
+            position = (read_positions or {}).get(partition, 0)
+            if self.valve.status is WatermarkStatus.FINISHED:
+                # Every partition had FINISHED, and a FINISHED valve takes no channel: a
+                # partition that appears now is data after FINISHED (counted, its records
+                # processed and late), not a new input of the watermark.
+                self.partitions[partition] = _Partition(
+                    status=MarkerStatus.FINISHED, read_position=position
+                )
+                self.counters.partitions_after_finished += 1
+                continue
+            self.partitions[partition] = _Partition(read_position=position)
             emitted += self.valve.add_channel(partition)
         return emitted
+
+    def finish(self, partition: Hashable) -> list[Emitted]:
+        """The partition is gone for good (its topic was deleted): FINISHED, as the
+        emitter's FINISHED@log_end would make it, whatever markers were pending."""
+        state = self.partitions.get(partition)
+        if state is None or state.status is MarkerStatus.FINISHED:
+            return []
+        state.status = MarkerStatus.FINISHED
+        state.pending.clear()
+        return self.valve.input_status(partition, WatermarkStatus.FINISHED)
+
+    def restart_at(self, partition: Hashable, read_position: int) -> None:
+        """The partition's offsets started again (its topic re-created, or truncated):
+        offsets of the old log mean nothing in the new one. Pending markers stay, and
+        wait for the new read position to reach their offsets."""
+        state = self.partitions[partition]
+        state.read_position = read_position
+        state.max_record_offset = NO_OFFSET
+        if state.idle_offset is not None:
+            state.idle_offset = read_position
+
+    def restart_idle_clocks(self) -> None:
+        """The consumer-side idle clock starts again at a restart (as Flink's does): time
+        the query was down is not time a partition was silent."""
+        for state in self.partitions.values():
+            state.last_data_ms = None
 
     def offer(self, marker: Marker) -> MarkerOutcome:
         """A marker read from the control topic: queued for its partition, or rejected."""
@@ -270,6 +311,7 @@ class MarkerAligner:
                 "records_after_finished": self.counters.records_after_finished,
                 "data_reactivations": self.counters.data_reactivations,
                 "consumer_idle_timeouts": self.counters.consumer_idle_timeouts,
+                "partitions_after_finished": self.counters.partitions_after_finished,
             },
             "consumer_idle_timeout_ms": self.consumer_idle_timeout_ms,
             # One positional row per partition (10,000 partitions travel in every offset

@@ -1,13 +1,17 @@
 """A record's event time in epoch milliseconds, or the reason it cannot be read.
 
 The Kafka record timestamp by default; with a field name, that field of the record's
-JSON value: an integer (epoch milliseconds) or an ISO 8601 string (a naive one is UTC).
-Pure and cheap: the source's readers call it once per record.
+JSON value: a number (epoch milliseconds; a fraction, as ``time.time() * 1000`` writes
+it, is cut to the millisecond below) or an ISO 8601 string (a naive one is UTC).
+Pure and cheap: the source's readers call it once per record. Any bytes at all give a
+time or :class:`UnreadableEventTime`, never another exception (a poison record must
+not fail a task).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 
 # What a Spark timestamp (microseconds in a signed 64-bit integer) can hold, in ms.
@@ -25,6 +29,8 @@ def from_timestamp(timestamp_type: int, timestamp_ms: int) -> int:
     """The Kafka timestamp (librdkafka: type 0 means the record has none)."""
     if timestamp_type == 0 or timestamp_ms < 0:
         raise UnreadableEventTime("record has no timestamp")
+    if timestamp_ms > MAX_EVENT_TIME_MS:
+        raise UnreadableEventTime(f"timestamp is out of range: {timestamp_ms}")
     return timestamp_ms
 
 
@@ -35,6 +41,10 @@ def from_json_field(value: bytes | None, field: str) -> int:
         document = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UnreadableEventTime("value is not JSON") from None
+    except ValueError:  # an integer of more digits than Python parses (4,300)
+        raise UnreadableEventTime("value is not JSON: a number too long to parse") from None
+    except RecursionError:
+        raise UnreadableEventTime("value is not JSON: nested too deeply") from None
     if not isinstance(document, dict) or field not in document:
         raise UnreadableEventTime(f"no field {field!r}")
     raw = document[field]
@@ -42,10 +52,16 @@ def from_json_field(value: bytes | None, field: str) -> int:
         raise UnreadableEventTime(f"field {field!r} is a boolean")
     if isinstance(raw, int):
         event_ms = raw
+    elif isinstance(raw, float):
+        if not math.isfinite(raw):
+            raise UnreadableEventTime(f"field {field!r} is not a finite number: {raw}")
+        if not MIN_EVENT_TIME_MS <= raw <= MAX_EVENT_TIME_MS:
+            raise UnreadableEventTime(f"field {field!r} is out of range: {raw}")
+        event_ms = math.floor(raw)
     elif isinstance(raw, str):
         try:
             parsed = datetime.fromisoformat(raw)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise UnreadableEventTime(f"field {field!r} is not ISO 8601: {raw[:40]!r}") from None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=UTC)

@@ -37,12 +37,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -92,6 +92,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# What reading a topic that does not exist (any more) answers.
+_MISSING_TOPIC_ERRORS = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
 # Repeats while the broker is away: one line per kind per 30 s.
 log_unreachable = once_per_interval(f"{__name__}.connection")
 
@@ -137,6 +141,8 @@ class _Plan:
     progress_wait_ms: int = 0
     # Markers (JSON) for partitions the broker does not list yet.
     held: list[dict[str, Any]] = field(default_factory=list)
+    # The query's identity, made with its first offset: its progress keys carry it.
+    query: str = ""
 
 
 class SlackwaterStreamReader(DataSourceStreamReader):
@@ -249,8 +255,14 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         admin = self._admin_client()
         if name in admin.list_topics(timeout=self.options.request_timeout_s).topics:
             return
+        # Time retention of its own (a restart needs only the last batch's records, and
+        # copes without them): the broker's default may be infinite or size-only.
+        config = {
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.options.progress_retention_ms),
+        }
         future = admin.create_topics(
-            [NewTopic(name, num_partitions=1, replication_factor=-1)],
+            [NewTopic(name, num_partitions=1, replication_factor=-1, config=config)],
             request_timeout=self.options.request_timeout_s,
         )[name]
         try:
@@ -301,6 +313,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             control=control,
             progress=self._topic_ends(self.options.progress_topic),
             aligner=aligner,
+            query=uuid.uuid4().hex,
         )
         return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
 
@@ -322,33 +335,26 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         batch_ids = [seen.batch_id for seen in progress.values() if seen.batch_id is not None]
         start_batch_id = max(batch_ids) if batch_ids else None
         progress.pop(("", -1), None)
-        batch: dict[Any, PartitionBatch] = {}
-        for topic, partitions in plan.data.items():
-            for partition, read_position in partitions.items():
-                seen = progress.get((topic, int(partition)))
-                batch[channel(topic, partition)] = PartitionBatch(
-                    records=seen.records if seen else 0,
-                    max_event_time_ms=seen.max_event_time_ms if seen else None,
-                    max_offset=seen.max_offset if seen else -1,
-                    read_position=read_position,
-                )
+        batch = _partition_batches(plan.data, ranges, progress)
         for seen in progress.values():
             _count(plan, "records", seen.records)
             _count(plan, "records_late", seen.late)
             _count(plan, "records_unreadable", seen.unreadable)
             _count(plan, "records_dropped", seen.dropped)
+            _count(plan, "records_lost", seen.lost)
+        # Partitions that appeared join as channels (with the markers held for them),
+        # partitions whose topic was deleted leave the valve as FINISHED, and partitions
+        # whose offsets went back follow failOnDataLoss: all before the markers, so that
+        # a marker for a partition that just appeared applies in this plan.
+        self._follow_partitions(plan, now, batch)
         # 2. New markers are read, 3. and applied once the read position reaches them.
         self._read_markers(plan, now.control_ends)
         # The consumer-side idle timeout (off by default) counts wall time between plans;
         # a replay uses the logged offset, so this never makes a replay differ.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
         plan.aligner.advance(batch, now_ms)
-        # 4. The data to read next; partitions that appeared join as new channels.
+        # 4. The data to read next.
         ends = self._data_ends(plan, limit, now)
-        plan.aligner.ensure_partitions(
-            channel(t, p) for t, partitions in ends.items() for p in partitions
-        )
-        self._release_held(plan)
         planned = plan.aligner.valve.watermark
         offset = _offset(
             plan,
@@ -364,6 +370,70 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             return start  # nothing new: no batch
         self._cached = (offset["plan_id"], plan.aligner)
         return offset
+
+    def _follow_partitions(
+        self, plan: _Plan, now: _BrokerNow, batch: dict[Any, PartitionBatch]
+    ) -> None:
+        """The plan's partitions made to match the broker's (semantics.md §6).
+
+        * A partition the broker lists that the plan does not (a new topic or partition)
+          starts at its earliest offset, as a new channel.
+        * A topic the broker no longer lists at all was deleted: its partitions leave
+          the reading and count as FINISHED (what the emitter's FINISHED@log_end says).
+        * A log end below the read position: the offsets went back (the topic was
+          re-created, or truncated); failOnDataLoss stops the query, or the partition
+          starts again at its earliest offset.
+        """
+        for deleted in [t for t in plan.data if t not in now.listed]:
+            for number in plan.data.pop(deleted):
+                plan.aligner.finish(channel(deleted, number))
+            _count(plan, "topics_deleted")
+            log.warning("topic %s was deleted: its partitions count as FINISHED", deleted)
+        went_back = self._offsets_went_back(plan, now)
+        listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
+        new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
+        starts = self._list_offsets(new + went_back, "earliest")
+        for (topic, partition), offset in starts.items():
+            if (topic, partition) in new:
+                plan.data.setdefault(topic, {})[str(partition)] = offset  # a new range starts here
+                continue
+            # Offsets that went back (failOnDataLoss=false): read again from the earliest
+            # (one whose earliest is not known yet stands still until it is).
+            log.warning(
+                "data loss: %s[%d]'s offsets went back; reading again from %d "
+                "(failOnDataLoss=false)",
+                topic,
+                partition,
+                offset,
+            )
+            plan.data[topic][str(partition)] = offset
+            plan.aligner.restart_at(channel(topic, partition), offset)
+            batch.pop(channel(topic, partition), None)
+            _count(plan, "offsets_went_back")
+        positions: dict[Hashable, int] = {
+            channel(t, p): o for t, partitions in plan.data.items() for p, o in partitions.items()
+        }
+        plan.aligner.ensure_partitions(positions, positions)
+        self._release_held(plan)
+
+    def _offsets_went_back(self, plan: _Plan, now: _BrokerNow) -> list[tuple[str, int]]:
+        """Partitions whose log end is below the read position; failOnDataLoss=true
+        stops the query at the first."""
+        went_back = [
+            (topic, int(partition))
+            for topic, partitions in plan.data.items()
+            for partition, position in partitions.items()
+            if now.latest.get((topic, int(partition)), position) < position
+        ]
+        if went_back and self.options.fail_on_data_loss:
+            topic, number = went_back[0]
+            raise SourceError(
+                f"data loss: {topic}[{number}]'s log end went back from "
+                f"{plan.data[topic][str(number)]} to {now.latest[(topic, number)]} (the "
+                "topic was re-created or truncated): records this query had not read may be "
+                "gone; the option failOnDataLoss=false starts again at its earliest offset"
+            )
+        return went_back
 
     def _unreachable(self, error: KafkaException) -> None:
         log_unreachable.warning(
@@ -386,7 +456,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             ]
         latest = self._list_offsets(wanted, "latest")
         control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
-        return _BrokerNow(counts, latest, control_ends)
+        return _BrokerNow(counts, frozenset(metadata.topics), latest, control_ends)
 
     def _restore(self, offset: dict[str, Any]) -> _Plan:
         if offset.get("v") != OFFSET_VERSION:
@@ -396,6 +466,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner = cached[1]  # the state this planner left in that offset: no restore
         else:
             aligner = MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of)
+            # Not the state this planner left: the query (re)started from its checkpoint.
+            aligner.restart_idle_clocks()
         # The option as the query runs now (it may have changed since the checkpoint).
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         self._cached = None  # mutated from here on
@@ -406,6 +478,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner=aligner,
             counters=dict(offset.get("counters", {})),
             held=list(offset.get("held", [])),
+            query=str(offset.get("query", "")),
         )
 
     def _new_aligner(self) -> MarkerAligner:
@@ -425,15 +498,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def _data_ends(self, plan: _Plan, limit: ReadLimit, now: _BrokerNow) -> Offsets:
         latest = now.latest
-        known = [(t, p) for t, count in now.counts.items() for p in range(count)]
-        new = [(t, p) for t, p in known if str(p) not in plan.data.get(t, {})]
-        earliest = self._list_offsets(new, "earliest")
-        for (topic, number), offset in earliest.items():
-            plan.data.setdefault(topic, {})[str(number)] = offset  # a new range starts here
         ends: Offsets = {}
         for topic, partitions in plan.data.items():
             for partition, begin in partitions.items():
-                # Never go backwards from what was read (a deleted topic keeps its end).
+                # Never go backwards from what was read (offsets that went back stand
+                # still until their earliest offset is known: _follow_partitions).
                 end = max(begin, latest.get((topic, int(partition)), begin))
                 ends.setdefault(topic, {})[partition] = end
         if isinstance(limit, ReadMaxRows):
@@ -476,7 +545,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 partition = str(message.partition())
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        plan.control[partition] = max(plan.control[partition], message.offset())
+                        # Never past the ends this plan read up to: a record written
+                        # since (after the ends) is read by the next plan, never skipped.
+                        eof = min(message.offset(), ends[partition])
+                        plan.control[partition] = max(plan.control[partition], eof)
                         if plan.control[partition] >= ends[partition]:
                             todo.pop(partition, None)
                         continue
@@ -538,11 +610,96 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def _wait_for_progress(
         self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
     ) -> dict[tuple[str, int], Progress]:
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+        """The progress records of the last batch's ranges (and of its synthetic row).
 
+        Every one was acknowledged before its task ended, so once the progress topic has
+        been read to its end, a record still missing is either late to appear or gone:
+        gone when records were deleted past the position this plan reads from (the
+        topic's retention, while the query was down) or the topic is not there. Gone
+        progress is left out (``_partition_batches`` reads it as unknown); any other
+        missing record fails the plan after ``progressTimeoutMs``, naming it.
+        """
+        from confluent_kafka import TopicPartition
+
+        wanted = self._wanted_progress(ranges, start, plan)
+        if not wanted:
+            return {}
+        found: dict[tuple[str, int], Progress] = {}
+        if self._progress_consumer is None:
+            self._progress_consumer = self._consumer()
+        consumer = self._progress_consumer
+        topic = self.options.progress_topic
+        positions = self._progress_positions(plan)
+        consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
+        deadline = time.monotonic() + self.options.progress_timeout_s
+        at_end: set[int] = set()
+        gone_checked = False
+        try:
+            while wanted:
+                if time.monotonic() > deadline:
+                    missing = ", ".join(sorted(wanted)[:5])
+                    raise SourceError(
+                        f"no progress after {self.options.progress_timeout_s:.0f}s from the "
+                        f"readers of {len(wanted)} range(s) of the last batch ({missing}) on "
+                        f"topic {topic}: the watermark cannot advance without it"
+                    )
+                # consume() returns when it has num_messages or at the timeout: asking
+                # for what is still wanted returns as soon as it has come.
+                wanted_now = min(len(wanted), 10_000)
+                missing_topic = False
+                for message in consumer.consume(num_messages=wanted_now, timeout=0.2):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition())
+                            continue
+                        if error.code() in _MISSING_TOPIC_ERRORS:
+                            missing_topic = True
+                            continue
+                        raise SourceError(f"reading progress topic {topic}: {error}")
+                    at_end.discard(message.partition())
+                    plan.progress[str(message.partition())] = message.offset() + 1
+                    key = (message.key() or b"").decode(errors="replace")
+                    where = wanted.pop(key, None)
+                    if where is not None:
+                        try:
+                            found[where] = Progress.decode(message.value())
+                        except (ValueError, KeyError, TypeError, RecursionError):
+                            # Not a reader's record (nothing of ours writes this): skipped,
+                            # counted; the reader's own record is still awaited.
+                            _count(plan, "progress_malformed")
+                            wanted[key] = where
+                if wanted and not gone_checked and (missing_topic or at_end >= set(positions)):
+                    gone_checked = True
+                    if self._progress_gone(positions):
+                        _count(plan, "progress_lost", len(wanted))
+                        break
+        finally:
+            consumer.unassign()
+        return found
+
+    def _progress_positions(self, plan: _Plan) -> dict[int, int]:
+        """Every partition of the progress topic, from where the last plan stopped (from
+        its beginning if the plan has no position for it: no record is missed)."""
+        from confluent_kafka import OFFSET_BEGINNING
+
+        positions = {int(p): o for p, o in plan.progress.items()}
+        if not positions:
+            topic = self.options.progress_topic
+            listed = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
+            described = listed.topics.get(topic)
+            if described is not None and described.error is None:
+                positions = {p: OFFSET_BEGINNING for p in described.partitions}
+        return positions
+
+    def _wanted_progress(
+        self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
+    ) -> dict[str, tuple[str, int]]:
+        """The progress keys of the last batch, each with its partition."""
         threshold = int(start["late_threshold"])
         wanted: dict[str, tuple[str, int]] = {
             progress_key(
+                query=plan.query,
                 topic=t,
                 partition=p,
                 start=a,
@@ -556,49 +713,36 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             # The batch's synthetic task reports Spark's batch id (ranges do too); an
             # offset planned before it did (no "previous_threshold") has no such record.
             wanted[synthetic_progress_key(str(start["plan_id"]))] = ("", -1)
-        if not wanted:
-            return {}
-        found: dict[tuple[str, int], Progress] = {}
-        if self._progress_consumer is None:
-            self._progress_consumer = self._consumer()
-        consumer = self._progress_consumer
+        return wanted
+
+    def _progress_gone(self, positions: dict[int, int]) -> bool:
+        """Whether records after the plan's positions on the progress topic were deleted
+        (retention, DeleteRecords), or the topic re-created or missing (then made again)."""
+        if self._progress_records_gone(positions):
+            log.warning(
+                "progress of the last batch is gone from %s (its retention passed while the "
+                "query was down?): read as unknown, which can hold the watermark back, "
+                "never make a row late",
+                self.options.progress_topic,
+            )
+            return True
+        return False
+
+    def _progress_records_gone(self, positions: dict[int, int]) -> bool:
         topic = self.options.progress_topic
-        # Every partition of the progress topic, from where the last plan stopped (from
-        # its beginning if the plan has no position for it: no record is missed).
-        positions = {int(p): o for p, o in plan.progress.items()}
-        if not positions:
-            listed = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
-            described = listed.topics.get(topic)
-            if described is not None and described.error is None:
-                positions = {p: OFFSET_BEGINNING for p in described.partitions}
-        consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
-        deadline = time.monotonic() + self.options.progress_timeout_s
-        try:
-            while wanted:
-                if time.monotonic() > deadline:
-                    missing = ", ".join(sorted(wanted)[:5])
-                    raise SourceError(
-                        f"no progress after {self.options.progress_timeout_s:.0f}s from the "
-                        f"readers of {len(wanted)} range(s) of the last batch ({missing}) on "
-                        f"topic {topic}: the watermark cannot advance without it"
-                    )
-                # consume() returns when it has num_messages or at the timeout: asking
-                # for what is still wanted returns as soon as it has come.
-                wanted_now = min(len(wanted), 10_000)
-                for message in consumer.consume(num_messages=wanted_now, timeout=0.2):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise SourceError(f"reading progress topic {topic}: {error}")
-                    plan.progress[str(message.partition())] = message.offset() + 1
-                    key = (message.key() or b"").decode(errors="replace")
-                    where = wanted.pop(key, None)
-                    if where is not None:
-                        found[where] = Progress.decode(message.value())
-        finally:
-            consumer.unassign()
-        return found
+        metadata = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None:
+            self._ensure_progress_topic()
+            return True
+        partitions = [(topic, p) for p in described.partitions]
+        earliest = self._list_offsets(partitions, "earliest", wait_for_all=True)
+        latest = self._list_offsets(partitions, "latest", wait_for_all=True)
+        for _, partition in partitions:
+            position = max(0, positions.get(partition, 0))
+            if earliest[(topic, partition)] > position or latest[(topic, partition)] < position:
+                return True
+        return False
 
     def _event_time_name(self) -> str:
         return self.options.event_time_field or "timestamp"
@@ -609,8 +753,20 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         threshold = int(end["late_threshold"])  # == start["watermark"]
         previous = int(end.get("previous_threshold", threshold))
         previous_batch_id = end.get("previous_batch_id")
+        query = str(end.get("query", ""))
+        planned_at_ms = end.get("planned_at_ms")
         result: list[InputPartition] = [
-            RangePartition(topic, partition, begin, finish, threshold, previous, previous_batch_id)
+            RangePartition(
+                topic,
+                partition,
+                begin,
+                finish,
+                threshold,
+                previous,
+                previous_batch_id,
+                query=query,
+                planned_at_ms=planned_at_ms,
+            )
             for topic, partition, begin, finish in _ranges(end["from"], end["data"])
         ]
         planned = int(end["watermark"])
@@ -667,6 +823,10 @@ def _offset(
     return {
         "v": OFFSET_VERSION,
         "plan_id": uuid.uuid4().hex,
+        "query": plan.query,
+        # The clock event times are judged by (maxEventTimeAhead), logged so that a
+        # replay of the batch judges them the same.
+        "planned_at_ms": time.time_ns() // 1_000_000,
         "data": data if data is not None else plan.data,
         "from": {t: dict(p) for t, p in from_data.items()},
         "control": dict(plan.control),
@@ -689,7 +849,8 @@ def _offset(
 class _BrokerNow:
     """What one plan saw of the broker (``SlackwaterStreamReader._look``)."""
 
-    counts: dict[str, int]  # partitions per subscribed topic
+    counts: dict[str, int]  # partitions per subscribed topic (listed without an error)
+    listed: frozenset[str]  # every topic the broker lists, with an error or not
     latest: dict[tuple[str, int], int]  # log ends (last stable offsets if read_committed)
     control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
 
@@ -703,11 +864,11 @@ def _nothing_new_since(start: dict[str, Any], now: _BrokerNow) -> bool:
     if now.counts.keys() != known.keys() or any(len(known[t]) != n for t, n in now.counts.items()):
         return False
     if any(
-        now.latest.get((t, p), -1) > known[t][str(p)]
+        now.latest.get((t, p), known[t][str(p)]) != known[t][str(p)]
         for t, n in now.counts.items()
         for p in range(n)
     ):
-        return False
+        return False  # new records, or offsets that went back
     return bool(now.control_ends.items() <= start["control"].items())
 
 
@@ -721,6 +882,40 @@ def _same_batch(start: dict[str, Any], offset: dict[str, Any]) -> bool:
         and offset["aligner"] == start["aligner"]
         and offset["held"] == start.get("held", [])
     )
+
+
+def _partition_batches(
+    data: Offsets,
+    ranges: list[tuple[str, int, int, int]],
+    progress: dict[tuple[str, int], Progress],
+) -> dict[Any, PartitionBatch]:
+    """What the last batch read of each partition, for the aligner.
+
+    A range whose progress is gone (the progress topic's retention passed while the
+    query was down) counts as unknown, read the conservative way: no event time (its
+    watermark does not move) and records up to its last offset (an IDLE marker inside
+    it is taken as contradicted by data, so the partition stays ACTIVE). Missing
+    progress can hold the watermark back, never make a record late.
+    """
+    lost = {(t, p): (a, b) for t, p, a, b in ranges if (t, p) not in progress}
+    batch: dict[Any, PartitionBatch] = {}
+    for topic, partitions in data.items():
+        for partition, read_position in partitions.items():
+            key = (topic, int(partition))
+            seen = progress.get(key)
+            if key in lost:
+                first, end = lost[key]
+                batch[channel(topic, partition)] = PartitionBatch(
+                    records=end - first, max_offset=end - 1, read_position=read_position
+                )
+                continue
+            batch[channel(topic, partition)] = PartitionBatch(
+                records=seen.records if seen else 0,
+                max_event_time_ms=seen.max_event_time_ms if seen else None,
+                max_offset=seen.max_offset if seen else -1,
+                read_position=read_position,
+            )
+    return batch
 
 
 def _count(plan: _Plan, counter: str, amount: int = 1) -> None:

@@ -184,6 +184,17 @@ _COUNTERS = {
     "markers_held_dropped": "Markers for unlisted partitions dropped: the held list was full.",
     "records_after_finished": "Records read on a FINISHED partition (a protocol violation).",
     "data_reactivations": "IDLE partitions made ACTIVE again by data (data beats markers).",
+    "records_lost": "Records gone before they were read (retention, a deleted topic), skipped "
+    "with failOnDataLoss=false.",
+    "offsets_went_back": "Partitions read again from their earliest offset because their log "
+    "end went below the read position (re-created topic), failOnDataLoss=false.",
+    "topics_deleted": "Subscribed topics deleted: their partitions count as FINISHED.",
+    "partitions_after_finished": "Partitions that appeared after every partition had FINISHED "
+    "(their records are data after FINISHED).",
+    "progress_lost": "Progress records of the last batch found gone at a restart (progress "
+    "topic retention): read as unknown, which can only hold the watermark back.",
+    "progress_malformed": "Records on the progress topic under a wanted key that are not "
+    "progress records, skipped.",
 }
 
 

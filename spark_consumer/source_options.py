@@ -39,6 +39,12 @@ LATE = "late"
 OFFSET_VERSION = 1
 # Markers for partitions the broker does not list, kept until the partition appears.
 MAX_HELD_MARKERS = 1_000
+# Apache Kafka's log.message.timestamp.after.max.ms default (4.x): how far a record's
+# timestamp may be ahead of the broker's clock. The option maxEventTimeAhead's default.
+MAX_EVENT_TIME_AHEAD_MS = 3_600_000
+# The progress topic's retention.ms when the source creates it (option progressRetention):
+# a restart needs at most the last batch's records, and copes with none (source.md).
+PROGRESS_RETENTION_MS = 7 * 86_400_000
 
 # Spark's Kafka source's columns, in its order, then the source's own two.
 KAFKA_SCHEMA = StructType(
@@ -171,6 +177,12 @@ class SourceOptions:
     progress_topic_name: str | None = None
     # Flink's withIdleness as a fallback without an emitter (semantics.md §6), or None (off).
     consumer_idle_timeout_ms: int | None = None
+    # Event times further ahead of the batch's planning clock are unreadable; None: off.
+    max_event_time_ahead_ms: int | None = MAX_EVENT_TIME_AHEAD_MS
+    # Spark's Kafka source's option: records gone from under the read position (retention,
+    # a re-created topic) stop the query (True) or are counted and skipped (False).
+    fail_on_data_loss: bool = True
+    progress_retention_ms: int = PROGRESS_RETENTION_MS
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -244,6 +256,7 @@ class SourceOptions:
             late_rule=late_rule,
             progress_topic_name=lowered.get("progresstopic") or None,
             consumer_idle_timeout_ms=idle_timeout_ms,
+            **_production_options(lowered),
         )
 
     @property
@@ -277,6 +290,33 @@ class SourceOptions:
         if self.topic_pattern is not None:
             return re.fullmatch(self.topic_pattern, topic) is not None
         return topic in self.topics
+
+
+def _production_options(lowered: dict[str, str]) -> dict[str, Any]:
+    """The options for what production brings: far-future event times, data loss, the
+    progress topic's retention (source.md, "What production brings")."""
+    try:
+        ahead_ms = parse_optional_duration_ms(
+            lowered.get("maxeventtimeahead", str(MAX_EVENT_TIME_AHEAD_MS))
+        )
+    except ValueError as error:
+        raise SourceError(f"option 'maxEventTimeAhead': {error} (or off)") from None
+    fail_on_data_loss = lowered.get("failondataloss", "true").strip().lower()
+    if fail_on_data_loss not in ("true", "false"):
+        raise SourceError(f"option 'failOnDataLoss' must be true or false: {fail_on_data_loss!r}")
+    try:
+        retention_ms = parse_duration_ms(
+            lowered.get("progressretention", str(PROGRESS_RETENTION_MS))
+        )
+    except ValueError as error:
+        raise SourceError(f"option 'progressRetention': {error}") from None
+    if retention_ms < 60_000:
+        raise SourceError(f"option 'progressRetention' must be at least 1m: {retention_ms} ms")
+    return {
+        "max_event_time_ahead_ms": ahead_ms,
+        "fail_on_data_loss": fail_on_data_loss == "true",
+        "progress_retention_ms": retention_ms,
+    }
 
 
 def channel(topic: str, partition: int | str) -> str:

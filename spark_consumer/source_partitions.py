@@ -24,12 +24,15 @@ class Progress:
     dropped: int = 0
     # Spark's id of the batch that read the range (its task's local property).
     batch_id: int | None = None
+    # Records of the range that were gone when it was read (failOnDataLoss=false).
+    lost: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, value: bytes) -> Progress:
+        """Raises ValueError (or a subclass) for a record that is not a progress record."""
         raw = json.loads(value)
         return cls(
             records=int(raw["records"]),
@@ -41,15 +44,26 @@ class Progress:
             unreadable=int(raw["unreadable"]),
             dropped=int(raw.get("dropped", 0)),
             batch_id=None if raw.get("batch_id") is None else int(raw["batch_id"]),
+            lost=int(raw.get("lost", 0)),
         )
 
 
 def progress_key(
-    *, topic: str, partition: int, start: int, end: int, late_threshold_ms: int, event_time: str
+    *,
+    query: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    late_threshold_ms: int,
+    event_time: str,
 ) -> str:
-    """The same range read with the same settings gives the same record: retries and
-    replays only repeat it."""
-    return f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
+    """The same range read with the same settings by the same query gives the same
+    record: retries and replays only repeat it. ``query`` is the checkpoint's identity
+    (made in ``initialOffset``): two queries sharing a progress topic never take each
+    other's records (an offset of an older version has none: "")."""
+    key = f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
+    return f"{query}/{key}" if query else key
 
 
 # ------------------------------------------------------------------------ partitions
@@ -69,10 +83,16 @@ class RangePartition(InputPartition):
     # id they give the watermark Spark judges late rows by (late_events_watermark).
     previous_threshold_ms: int = MIN_WATERMARK
     previous_batch_id: int | None = None
+    # The query's identity, for its progress keys (see progress_key).
+    query: str = ""
+    # Wall time (ms) when the driver planned the batch: event times more than the option
+    # maxEventTimeAhead past it are unreadable; a replay judges by the same clock.
+    planned_at_ms: int | None = None
 
     def progress_key(self, event_time: str) -> str:
         """The key of the progress record its reader writes (see progress_key)."""
         return progress_key(
+            query=self.query,
             topic=self.topic,
             partition=self.partition,
             start=self.start,

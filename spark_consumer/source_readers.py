@@ -12,6 +12,8 @@ from typing import Any
 import pyarrow as pa
 
 from spark_consumer.event_time import (
+    MAX_EVENT_TIME_MS,
+    MIN_EVENT_TIME_MS,
     UnreadableEventTime,
     from_json_field,
     from_timestamp,
@@ -30,7 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress."""
+    """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress.
+
+    Records gone from under the range (retention, a deleted or re-created topic) follow
+    the option failOnDataLoss, as in Spark's Kafka source: one clear error naming the
+    partition and the offsets, or counted in the progress (``lost``) and skipped.
+    """
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -53,14 +60,17 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         options.event_time_field,
         late_events_watermark(split, batch_id),
         options.late_rule if options.late_output is not None else None,
+        _latest_event_time_ms(options, split),
     )
+    lost = 0
     try:
         consumer.assign([TopicPartition(split.topic, split.partition, split.start)])
         position = split.start
         deadline = time.monotonic() + options.read_timeout_s
+        next_check = time.monotonic() + _GONE_CHECK_S
         while position < split.end:
             messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
-            records = _records_before(messages, split, position)
+            records = _records_before(messages, split)
             if records:
                 builder.add_many(records)
                 position = int(records[-1].offset()) + 1
@@ -74,6 +84,24 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
                 position = split.end  # read past the range: it is complete
             if messages:
                 deadline = time.monotonic() + options.read_timeout_s
+            failure = _first_error(messages)
+            if position < split.end and (
+                failure is not None or (not messages and time.monotonic() > next_check)
+            ):
+                # An error, or a range that stopped arriving: are its records gone?
+                next_check = time.monotonic() + _GONE_CHECK_S
+                gone_until = _gone_until(consumer, split, position, options.request_timeout_s)
+                if gone_until is not None:
+                    lost += _lose(options, split, position, gone_until)
+                    position = gone_until
+                    if position < split.end:
+                        consumer.assign([TopicPartition(split.topic, split.partition, position)])
+                    deadline = time.monotonic() + options.read_timeout_s
+                    continue
+                if failure is not None:
+                    raise SourceError(
+                        f"reading {split.topic}[{split.partition}] at {position}: {failure}"
+                    )
             # Offset gaps (transaction markers, compaction): the consumer's position
             # moves past offsets that carry no record.
             current = consumer.position([TopicPartition(split.topic, split.partition)])
@@ -88,7 +116,18 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             yield builder.flush()
     finally:
         consumer.close()
-    # The rows the job will drop, aside, before the progress that lets the plan go on.
+    _finish_range(options, split, builder, batch_id, lost)
+
+
+def _finish_range(
+    options: SourceOptions,
+    split: RangePartition,
+    builder: _Builder,
+    batch_id: int | None,
+    lost: int,
+) -> None:
+    """The range was read whole: the rows the job will drop go aside, then its progress
+    goes to the driver (in this order: the progress lets the plan go on)."""
     if options.late_output is not None:
         write_range(
             options.late_output,
@@ -99,9 +138,78 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             end=split.end,
             threshold_ms=builder.threshold_ms,
         )
-    # The range was read whole: its progress goes to the driver.
     key = split.progress_key(options.event_time_field or "timestamp")
-    _report_progress(options, key, dataclasses.replace(builder.progress(), batch_id=batch_id))
+    progress = dataclasses.replace(builder.progress(), batch_id=batch_id, lost=lost)
+    _report_progress(options, key, progress)
+
+
+# How long a range may deliver nothing before the reader asks whether its records are gone.
+_GONE_CHECK_S = 2.0
+
+
+def _latest_event_time_ms(options: SourceOptions, split: RangePartition) -> int | None:
+    """The newest event time this range may carry (the option maxEventTimeAhead past the
+    batch's planning clock), or None when the option is off."""
+    if options.max_event_time_ahead_ms is None:
+        return None
+    clock_ms = split.planned_at_ms if split.planned_at_ms is not None else time.time_ns() // 10**6
+    return clock_ms + options.max_event_time_ahead_ms
+
+
+def _first_error(messages: list[Any]) -> Any:
+    """The first error of a consume call that is not the end of the partition, or None."""
+    from confluent_kafka import KafkaError
+
+    for message in messages:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            return error
+    return None
+
+
+def _gone_until(
+    consumer: Any, split: RangePartition, position: int, timeout_s: float
+) -> int | None:
+    """Where the records gone from ``position`` on end (``[position, x)``), or None when
+    they are there: retention moved the log start past the position, or the topic (or
+    partition) was deleted, or its offsets went back (re-created, truncated)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    try:
+        metadata = consumer.list_topics(split.topic, timeout=timeout_s)
+        described = metadata.topics.get(split.topic)
+        if (
+            described is None
+            or (
+                described.error is not None
+                and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            )
+            or (described.error is None and split.partition not in described.partitions)
+        ):
+            return split.end  # the topic or partition is gone, the range with it
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(split.topic, split.partition), timeout=timeout_s
+        )
+    except KafkaException:
+        return None  # the broker cannot tell now: keep reading until the read timeout
+    if int(low) > position:
+        return min(int(low), split.end)  # retention (or DeleteRecords) took them
+    if high < position:
+        return split.end  # the offsets went back: not the records the range was planned on
+    return None
+
+
+def _lose(options: SourceOptions, split: RangePartition, position: int, gone_until: int) -> int:
+    """failOnDataLoss: stop with one error, or count the gone records and go on."""
+    where = f"{split.topic}[{split.partition}] offsets {position} to {gone_until - 1}"
+    if options.fail_on_data_loss:
+        raise SourceError(
+            f"data loss: {where} are gone (retention, or the topic was deleted or "
+            "re-created) before this query read them; the option failOnDataLoss=false "
+            "goes on past them"
+        )
+    log.warning("data loss: %s are gone; skipped (failOnDataLoss=false)", where)
+    return gone_until - position
 
 
 def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterator[pa.RecordBatch]:
@@ -117,30 +225,31 @@ def _report_progress(options: SourceOptions, key: str, progress: Progress) -> No
     writes the same record again, harmlessly)."""
     from confluent_kafka import Producer
 
+    failures: list[Any] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+
     producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
-    producer.produce(options.progress_topic, key=key.encode(), value=progress.encode())
-    if producer.flush(options.request_timeout_s) != 0:
-        raise SourceError(f"progress of {key} not acknowledged by {options.progress_topic}")
+    producer.produce(
+        options.progress_topic, key=key.encode(), value=progress.encode(), on_delivery=delivered
+    )
+    # A record the broker refuses (authorization, size) leaves the queue with an error:
+    # the task fails now, saying why, not the next plan after its progress timeout.
+    if producer.flush(options.request_timeout_s) != 0 or failures:
+        why = failures[0].str() if failures else "not acknowledged in time"
+        raise SourceError(f"progress of {key} not written to {options.progress_topic}: {why}")
 
 
 def synthetic_progress_key(plan_id: str) -> str:
     return f"synthetic:{plan_id}"
 
 
-def _records_before(messages: list[Any], split: RangePartition, position: int) -> list[Any]:
-    """The records of one consume call that belong to the range, in offset order.
-
-    Errors are rare: one check over the call, and the slow path only when one is there.
-    """
+def _records_before(messages: list[Any], split: RangePartition) -> list[Any]:
+    """The records of one consume call that belong to the range, in offset order (its
+    errors are the caller's: only the end-of-partition event can be here)."""
     if any(message.error() is not None for message in messages):
-        from confluent_kafka import KafkaError
-
-        for message in messages:
-            error = message.error()
-            if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise SourceError(
-                    f"reading {split.topic}[{split.partition}] at {position}: {error}"
-                )
         messages = [message for message in messages if message.error() is None]
     if messages and messages[-1].offset() >= split.end:
         messages = [message for message in messages if message.offset() < split.end]
@@ -158,8 +267,11 @@ class _Builder:
         event_time_field: str | None,
         threshold_ms: int,
         late_rule: LateRule | None = None,
+        latest_event_ms: int | None = None,
     ) -> None:
         self.split = split
+        # Event times past this are unreadable (the option maxEventTimeAhead), if set.
+        self.latest_event_ms = latest_event_ms
         self.event_time_field = event_time_field
         # The watermark Spark judges this range's rows late by (late_events_watermark).
         self.threshold_ms = threshold_ms
@@ -191,7 +303,11 @@ class _Builder:
         self.values += values
         self.offsets += offsets
         # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
-        self.timestamps += [ms * 1000 if kind else None for kind, ms in stamps]
+        # A timestamp no Spark timestamp holds (microseconds in an int64) is null.
+        self.timestamps += [
+            ms * 1000 if kind and MIN_EVENT_TIME_MS <= ms <= MAX_EVENT_TIME_MS else None
+            for kind, ms in stamps
+        ]
         self.timestamp_types += [kind - 1 if kind else 0 for kind, _ in stamps]
         self.headers += [
             [{"key": k, "value": v} for k, v in raw] if raw else None
@@ -239,25 +355,36 @@ class _Builder:
     def _why_unreadable(self, value: bytes | None, stamp: tuple[int, int]) -> str:
         try:
             if self.event_time_field is None:
-                from_timestamp(*stamp)
+                event_ms = from_timestamp(*stamp)
             else:
-                from_json_field(value, self.event_time_field)
+                event_ms = from_json_field(value, self.event_time_field)
         except UnreadableEventTime as error:
             return str(error)
+        if self.latest_event_ms is not None and event_ms > self.latest_event_ms:
+            return (
+                f"event time {event_ms} ms is more than maxEventTimeAhead past the batch's "
+                f"clock (latest allowed {self.latest_event_ms} ms)"
+            )
         return "no event time"
 
     def _event_times(
         self, values: list[bytes | None], stamps: list[tuple[int, int]]
     ) -> list[int | None]:
+        # Past the latest allowed event time (maxEventTimeAhead): unreadable, so that one
+        # far-future record moves neither the valve's watermark nor Spark's.
+        latest = MAX_EVENT_TIME_MS if self.latest_event_ms is None else self.latest_event_ms
+        latest = min(latest, MAX_EVENT_TIME_MS)
         if self.event_time_field is None:
-            return [ms if kind and ms >= 0 else None for kind, ms in stamps]
+            return [ms if kind and 0 <= ms <= latest else None for kind, ms in stamps]
         field_name = self.event_time_field
         result: list[int | None] = []
         for value in values:
             try:
-                result.append(from_json_field(value, field_name))
+                event_ms = from_json_field(value, field_name)
             except UnreadableEventTime:
                 result.append(None)
+                continue
+            result.append(event_ms if event_ms <= latest else None)
         return result
 
     def flush(self) -> pa.RecordBatch:
