@@ -72,6 +72,19 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         help="without an emitter: a partition with no records this long is IDLE (default off)",
     )
     parser.add_argument(
+        "--fail-on-data-loss",
+        choices=["true", "false"],
+        help="records gone before they were read (retention, a deleted or re-created topic) "
+        "stop the query (default true; false: counted, logged, skipped)",
+    )
+    parser.add_argument(
+        "--max-event-time-ahead",
+        dest="max_event_time_ahead_ms",
+        metavar="off|1h",
+        help="event times further ahead of the clock are unreadable (default 1h, as Kafka's "
+        "log.message.timestamp.after.max.ms)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         default=None,

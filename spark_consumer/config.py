@@ -14,6 +14,7 @@ from slackwater.settings import (
     parse_duration_ms,
     parse_optional_duration_ms,
 )
+from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS
 
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # What --agg takes: <function>:<JSON field>.
@@ -51,6 +52,11 @@ class ConsumerConfig(BaseModel):
     state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
     consumer_idle_timeout_ms: Annotated[int | None, BeforeValidator(parse_optional_duration_ms)] = (
         None
+    )
+    # What production brings (docs/source.md): the source's options of the same names.
+    fail_on_data_loss: bool = True
+    max_event_time_ahead_ms: Annotated[int | None, BeforeValidator(parse_optional_duration_ms)] = (
+        MAX_EVENT_TIME_AHEAD_MS
     )
     compare: bool = False
     metrics_host: str = "127.0.0.1"

@@ -113,28 +113,37 @@ def late_rule(config: ConsumerConfig) -> str:
     return f"window:{config.window_ms}:{slide}"
 
 
+def source_options(config: ConsumerConfig) -> dict[str, str]:
+    """The slackwater source's options for this job's settings."""
+    options = {
+        "kafka.bootstrap.servers": config.bootstrap_servers,
+        "controlTopic": config.control_topic,
+        "maxOutOfOrderness": f"{config.max_out_of_orderness_ms}ms",
+        "startingOffsets": config.starting_offsets,
+        "lateOutput": config.effective_late_output,
+        "lateRule": late_rule(config),
+        "failOnDataLoss": str(config.fail_on_data_loss).lower(),
+        "maxEventTimeAhead": "off"
+        if config.max_event_time_ahead_ms is None
+        else f"{config.max_event_time_ahead_ms}ms",
+    }
+    if config.topic_pattern is not None:
+        options["subscribePattern"] = config.topic_pattern
+    else:
+        options["subscribe"] = ",".join(config.topics)
+    if config.event_time_field is not None:
+        options["eventTimeField"] = config.event_time_field
+    if config.consumer_idle_timeout_ms is not None:
+        options["consumerIdleTimeout"] = f"{config.consumer_idle_timeout_ms}ms"
+    for key, value in config.kafka_config.items():
+        options[f"kafka.{key}"] = value
+    return options
+
+
 def events(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
     """The data topics through the source, with the valve's watermark applied."""
     spark.dataSource.register(SlackwaterKafkaSource)
-    reader = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", config.bootstrap_servers)
-        .option("controlTopic", config.control_topic)
-        .option("maxOutOfOrderness", f"{config.max_out_of_orderness_ms}ms")
-        .option("startingOffsets", config.starting_offsets)
-        .option("lateOutput", config.effective_late_output)
-        .option("lateRule", late_rule(config))
-    )
-    if config.topic_pattern is not None:
-        reader = reader.option("subscribePattern", config.topic_pattern)
-    else:
-        reader = reader.option("subscribe", ",".join(config.topics))
-    if config.event_time_field is not None:
-        reader = reader.option("eventTimeField", config.event_time_field)
-    if config.consumer_idle_timeout_ms is not None:
-        reader = reader.option("consumerIdleTimeout", f"{config.consumer_idle_timeout_ms}ms")
-    for key, value in config.kafka_config.items():
-        reader = reader.option(f"kafka.{key}", value)
+    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(config))
     return with_valve_watermark(reader.load())
 
 

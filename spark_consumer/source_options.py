@@ -22,9 +22,7 @@ from pyspark.sql.types import (
 
 from slackwater import kafka_clients
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
-from spark_consumer.event_time import (
-    MAX_EVENT_TIME_MS,
-)
+from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
 from spark_consumer.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
@@ -39,9 +37,6 @@ LATE = "late"
 OFFSET_VERSION = 1
 # Markers for partitions the broker does not list, kept until the partition appears.
 MAX_HELD_MARKERS = 1_000
-# Apache Kafka's log.message.timestamp.after.max.ms default (4.x): how far a record's
-# timestamp may be ahead of the broker's clock. The option maxEventTimeAhead's default.
-MAX_EVENT_TIME_AHEAD_MS = 3_600_000
 # The progress topic's retention.ms when the source creates it (option progressRetention):
 # a restart needs at most the last batch's records, and copes with none (source.md).
 PROGRESS_RETENTION_MS = 7 * 86_400_000

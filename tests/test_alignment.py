@@ -176,3 +176,61 @@ def test_consumer_idle_timeout_is_off_without_a_setting() -> None:
     a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0)
     assert a.advance({1: data(40, 1, 2)}, now_ms=10**9) == []
     assert a.status_of(0) is ACTIVE
+
+
+def test_a_partition_that_appears_after_every_partition_finished_is_finished_data() -> None:
+    """A FINISHED valve takes no channel: the new partition is data after FINISHED."""
+    a = aligner(1)
+    a.offer(marker(0, FINISHED, 1))
+    assert a.advance({0: data(10, 0, 1)}) == [
+        Watermark(10),
+        Watermark(MAX_WATERMARK),
+        WatermarkStatus.FINISHED,
+    ]
+    assert a.ensure_partitions([1], {1: 0}) == []
+    assert a.status_of(1) is FINISHED
+    assert a.counters.partitions_after_finished == 1
+    assert a.advance({1: data(20, 1, 2, records=2)}) == []
+    assert a.counters.records_after_finished == 2
+
+
+def test_finish_takes_a_partition_out_of_the_valve_whatever_is_pending() -> None:
+    """A deleted topic's partitions: FINISHED at once, as the emitter's FINISHED@log_end."""
+    a = aligner()
+    a.advance({0: data(10, 0, 1), 1: data(50, 0, 1)})
+    a.offer(marker(0, IDLE, 9))  # waits for a read position the partition never reaches
+    assert a.finish(0) == [Watermark(50)]
+    assert a.status_of(0) is FINISHED and a.pending_count == 0
+    assert a.finish(0) == []  # once
+    assert a.finish(1) == [Watermark(MAX_WATERMARK), WatermarkStatus.FINISHED]
+
+
+def test_a_new_partition_starts_at_its_first_read_position() -> None:
+    """FINISHED@X for a new partition whose log starts at X applies without a read."""
+    a = aligner(1)
+    a.advance({0: data(10, 0, 1)})
+    a.ensure_partitions([1], {1: 7})
+    a.offer(marker(1, FINISHED, 7))
+    assert a.advance({}) == []
+    assert a.status_of(1) is FINISHED
+
+
+def test_the_consumer_idle_clock_starts_again_at_a_restart() -> None:
+    a = MarkerAligner(T, 0, partitions=[0, 1], consumer_idle_timeout_ms=1_000)
+    a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0)
+    restored = MarkerAligner.restore(a.snapshot())
+    restored.restart_idle_clocks()
+    # A day later: the downtime is not silence; the clock starts at this first sight.
+    assert restored.advance({}, now_ms=86_400_000) == []
+    assert restored.advance({}, now_ms=86_400_000 + 999) == []
+    assert restored.advance({}, now_ms=86_400_000 + 1_000) == [Watermark(20), WatermarkStatus.IDLE]
+
+
+def test_offsets_that_went_back_restart_the_read_position() -> None:
+    """A re-created topic: offsets of the old log mean nothing in the new one."""
+    a = aligner(1)
+    a.advance({0: data(10, 99, 100)})
+    a.offer(marker(0, IDLE, 3))  # the new log's offset 3
+    a.restart_at(0, 0)
+    assert a.advance({}) == []  # position 0 < 3: waits (before: 100 >= 3, applied at once)
+    assert a.advance({0: data(20, 2, 3)}) == [Watermark(20), WatermarkStatus.IDLE]

@@ -37,6 +37,7 @@ CASES = [
     ([*CONSUME, "--trigger", "soon"], "--trigger", "not a duration"),
     ([*CONSUME, "--log-level", "loud"], "--log-level", "unknown log level"),
     ([*CONSUME, "--metrics-port", "99999"], "--metrics-port", "not a port"),
+    ([*CONSUME, "--fail-on-data-loss", "maybe"], "--fail-on-data-loss", "invalid choice"),
     (["demo", "--duration", "abc"], "--duration", "not a duration"),
     (["demo-producer", "--bootstrap-servers", NOWHERE, "--duration", "abc"], "--duration",
      "not a duration"),

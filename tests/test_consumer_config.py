@@ -69,3 +69,30 @@ def test_the_late_rule_follows_the_windows() -> None:
 def test_aggregation_columns_are_function_and_field() -> None:
     assert aggregation_column("sum:amount") == "sum_amount"
     assert aggregation_column("approx_distinct:user.id") == "approx_distinct_user_id"
+
+
+def test_production_settings_default_as_the_source_and_take_off() -> None:
+    config = _load()
+    assert config.fail_on_data_loss is True
+    assert config.max_event_time_ahead_ms == 3_600_000
+    changed = _load(fail_on_data_loss="false", max_event_time_ahead_ms="off")
+    assert changed.fail_on_data_loss is False
+    assert changed.max_event_time_ahead_ms is None
+    assert _load(max_event_time_ahead_ms="2h").max_event_time_ahead_ms == 7_200_000
+    with pytest.raises(ConfigError, match="'max_event_time_ahead_ms'"):
+        _load(max_event_time_ahead_ms="soon")
+    with pytest.raises(ConfigError, match="'fail_on_data_loss'"):
+        _load(fail_on_data_loss="maybe")
+
+
+def test_the_job_hands_its_settings_to_the_source_as_options() -> None:
+    from spark_consumer.consume_job import source_options
+    from spark_consumer.source_options import SourceOptions
+
+    parsed = SourceOptions.parse(
+        source_options(_load(fail_on_data_loss="false", max_event_time_ahead_ms="off"))
+    )
+    assert (parsed.fail_on_data_loss, parsed.max_event_time_ahead_ms) == (False, None)
+    parsed = SourceOptions.parse(source_options(_load(max_event_time_ahead_ms="2h")))
+    assert (parsed.fail_on_data_loss, parsed.max_event_time_ahead_ms) == (True, 7_200_000)
+    assert parsed.topics == ("orders",) and parsed.control_topic == "ctl"

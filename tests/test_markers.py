@@ -250,3 +250,48 @@ def test_epoch_claim_numbers_are_bounded_too() -> None:
     value = b'{"kind": "epoch_claim", "emitter_id": "x", "epoch": %d, "claimed_at": 1}' % (10**23)
     with pytest.raises(MalformedControlRecord, match="epoch"):
         decode(b"epoch_claim", value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"v": ' + b"1" * 5000 + b"}",  # more digits than Python parses (4,300)
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than Python's recursion limit
+        b'{"a":' * 50_000,
+    ],
+)
+def test_json_python_cannot_parse_is_malformed_never_another_error(value: bytes) -> None:
+    with pytest.raises(MalformedControlRecord, match="value is not JSON"):
+        decode(KEY, value)
+
+
+# Pieces of JSON, and of what breaks JSON parsers: long numbers, deep nesting, non-finite.
+JSON_PIECES = st.sampled_from(
+    [
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b",",
+        b":",
+        b'"v"',
+        b'"status"',
+        b'"kind"',
+        b'"IDLE"',
+        b"1",
+        b"9" * 4400,
+        b"[" * 2000,
+        b"1e400",
+        b"NaN",
+        b"-",
+        b'"\\ud800"',
+        b"null",
+        b"true",
+    ]
+)
+
+
+@given(st.lists(JSON_PIECES, max_size=30).map(b"".join))
+def test_json_shaped_bytes_never_raise_anything_but_malformed(value: bytes) -> None:
+    with contextlib.suppress(MalformedControlRecord):
+        decode(KEY, value)

@@ -51,3 +51,32 @@ def test_late_rows_are_judged_by_the_watermark_of_the_batch_spark_ran_just_befor
     assert late_events_watermark(_split(3), batch_id=9) == 41_000
     assert late_events_watermark(_split(None), batch_id=4) == 41_000  # unknown: as before
     assert late_events_watermark(_split(3), batch_id=None) == 41_000
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({**BASE, "maxEventTimeAhead": "soon"}, "'maxEventTimeAhead'"),
+        ({**BASE, "failOnDataLoss": "maybe"}, "'failOnDataLoss' must be true or false"),
+        ({**BASE, "progressRetention": "1s"}, "'progressRetention' must be at least 1m"),
+        ({**BASE, "progressRetention": "forever"}, "'progressRetention'"),
+    ],
+)
+def test_a_bad_production_option_is_one_error_naming_it(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SourceError, match=message):
+        SourceOptions.parse(options)
+
+
+def test_production_options_default_as_kafka_and_spark_do() -> None:
+    default = SourceOptions.parse(BASE)
+    assert default.max_event_time_ahead_ms == 3_600_000  # log.message.timestamp.after.max.ms
+    assert default.fail_on_data_loss is True  # Spark's Kafka source's default
+    assert default.progress_retention_ms == 7 * 86_400_000
+    changed = SourceOptions.parse(
+        {**BASE, "maxEventTimeAhead": "off", "FAILONDATALOSS": "False", "progressRetention": "48h"}
+    )
+    assert changed.max_event_time_ahead_ms is None
+    assert changed.fail_on_data_loss is False
+    assert changed.progress_retention_ms == 2 * 86_400_000
