@@ -70,7 +70,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         next_check = time.monotonic() + _GONE_CHECK_S
         while position < split.end:
             messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
-            records = _records_before(messages, split)
+            records, failure = _records_before(messages, split)
             if records:
                 builder.add_many(records)
                 position = int(records[-1].offset()) + 1
@@ -84,7 +84,6 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
                 position = split.end  # read past the range: it is complete
             if messages:
                 deadline = time.monotonic() + options.read_timeout_s
-            failure = _first_error(messages)
             if position < split.end and (
                 failure is not None or (not messages and time.monotonic() > next_check)
             ):
@@ -154,17 +153,6 @@ def _latest_event_time_ms(options: SourceOptions, split: RangePartition) -> int 
         return None
     clock_ms = split.planned_at_ms if split.planned_at_ms is not None else time.time_ns() // 10**6
     return clock_ms + options.max_event_time_ahead_ms
-
-
-def _first_error(messages: list[Any]) -> Any:
-    """The first error of a consume call that is not the end of the partition, or None."""
-    from confluent_kafka import KafkaError
-
-    for message in messages:
-        error = message.error()
-        if error is not None and error.code() != KafkaError._PARTITION_EOF:
-            return error
-    return None
 
 
 def _gone_until(
@@ -246,14 +234,22 @@ def synthetic_progress_key(plan_id: str) -> str:
     return f"synthetic:{plan_id}"
 
 
-def _records_before(messages: list[Any], split: RangePartition) -> list[Any]:
-    """The records of one consume call that belong to the range, in offset order (its
-    errors are the caller's: only the end-of-partition event can be here)."""
+def _records_before(messages: list[Any], split: RangePartition) -> tuple[list[Any], Any]:
+    """The records of one consume call that belong to the range, in offset order, and its
+    first error that is not the end of the partition (or None).
+
+    Errors are rare: one check over the call, and the slow path only when one is there.
+    """
+    failure = None
     if any(message.error() is not None for message in messages):
+        from confluent_kafka import KafkaError
+
+        errors = [message.error() for message in messages if message.error() is not None]
+        failure = next((e for e in errors if e.code() != KafkaError._PARTITION_EOF), None)
         messages = [message for message in messages if message.error() is None]
     if messages and messages[-1].offset() >= split.end:
         messages = [message for message in messages if message.offset() < split.end]
-    return messages
+    return messages, failure
 
 
 class _Builder:
