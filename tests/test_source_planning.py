@@ -1,0 +1,92 @@
+"""The planner's pure steps (spark_consumer/source.py), without a broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spark_consumer.alignment import PartitionBatch
+from spark_consumer.source import (
+    _BrokerNow,
+    _nothing_new_since,
+    _partition_batches,
+    _ranges,
+    _rate_limit,
+)
+from spark_consumer.source_partitions import Progress
+
+
+def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> Any:
+    return {"from": data, "data": data, "control": control or {}}
+
+
+def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> _BrokerNow:
+    counts: dict[str, int] = {}
+    for topic, partition in latest:
+        counts[topic] = max(counts.get(topic, 0), partition + 1)
+    return _BrokerNow(counts, frozenset(counts), latest, control or {})
+
+
+def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
+    begin = {"b": {"0": 5}, "a": {"10": 0, "2": 3}}
+    end = {"b": {"0": 5}, "a": {"10": 4, "2": 7}, "c": {"0": 9}}
+    # c has no begin: it starts where it ends (a partition just seen reads nothing yet).
+    assert _ranges(begin, end) == [("a", 2, 3, 7), ("a", 10, 0, 4)]
+
+
+def test_rate_limit_shares_in_proportion_and_never_takes_nothing() -> None:
+    begin = {"t": {"0": 0, "1": 0, "2": 0}}
+    end = {"t": {"0": 90, "1": 9, "2": 1}}
+    assert _rate_limit(begin, end, 100) == end  # everything fits
+    assert _rate_limit(begin, end, 10) == {"t": {"0": 9, "1": 1, "2": 1}}
+
+
+@given(
+    st.dictionaries(st.integers(0, 20), st.tuples(st.integers(0, 50), st.integers(0, 50))),
+    st.integers(1, 200),
+)
+def test_rate_limit_stays_inside_every_range(
+    spans: dict[int, tuple[int, int]], max_records: int
+) -> None:
+    begin = {"t": {str(p): min(a, b) for p, (a, b) in spans.items()}}
+    end = {"t": {str(p): max(a, b) for p, (a, b) in spans.items()}}
+    limited = _rate_limit(begin, end, max_records)
+    for partition, finish in end["t"].items():
+        start = begin["t"][partition]
+        assert start <= limited["t"][partition] <= finish
+        if finish > start:
+            assert limited["t"][partition] > start  # every partition with data moves
+
+
+def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
+    start = _start({"t": {"0": 5, "1": 3}}, {"0": 2})
+    assert _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}))
+    # A record on the data or the control topic.
+    assert not _nothing_new_since(start, _now({("t", 0): 6, ("t", 1): 3}, {"0": 2}))
+    assert not _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 3}))
+    # Offsets that went back (a re-created topic) are news too.
+    assert not _nothing_new_since(start, _now({("t", 0): 1, ("t", 1): 3}, {"0": 2}))
+    # A partition appeared, or a topic left the metadata.
+    assert not _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3, ("t", 2): 0}))
+    assert not _nothing_new_since(start, _now({}, {"0": 2}))
+    # A partition whose log end is not known now stands still.
+    assert _nothing_new_since(
+        start, _BrokerNow({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2})
+    )
+    # A range of the last batch still to account for.
+    assert not _nothing_new_since(
+        {**start, "from": {"t": {"0": 4, "1": 3}}}, _now({("t", 0): 5, ("t", 1): 3}, {"0": 2})
+    )
+
+
+def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:
+    data = {"t": {"0": 10, "1": 10}}
+    ranges = [("t", 0, 4, 10), ("t", 1, 6, 10)]
+    seen = Progress(records=6, max_event_time_ms=77, max_offset=9, late=0, unreadable=0)
+    batches = _partition_batches(data, ranges, {("t", 0): seen})
+    assert batches["t:0"] == PartitionBatch(6, 77, 9, 10)
+    # No event time (the watermark stays), data up to the range's last offset (an IDLE
+    # inside it is contradicted: the partition stays ACTIVE).
+    assert batches["t:1"] == PartitionBatch(4, None, 9, 10)
