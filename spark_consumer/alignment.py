@@ -44,6 +44,10 @@ class MarkerOutcome(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     AFTER_FINISHED = "after_finished"
     OTHER_TOPIC = "other_topic"
+    # FINISHED again after FINISHED: the same end, not a violation (DESIGN §3 names
+    # ACTIVE/IDLE after FINISHED), e.g. the emitter's FINISHED@log_end for a topic the
+    # source already saw deleted. Not counted.
+    ALREADY_FINISHED = "already_finished"
 
 
 @dataclass(frozen=True)
@@ -149,13 +153,21 @@ class MarkerAligner:
 
     def restart_at(self, partition: Hashable, read_position: int) -> None:
         """The partition's offsets started again (its topic re-created, or truncated):
-        offsets of the old log mean nothing in the new one. Pending markers stay, and
-        wait for the new read position to reach their offsets."""
+        offsets of the old log mean nothing in the new one, nor do markers aligned to
+        them that are still pending (markers read from now on wait for the new read
+        position to reach their offsets)."""
         state = self.partitions[partition]
         state.read_position = read_position
         state.max_record_offset = NO_OFFSET
+        state.pending.clear()  # aligned to the old log's offsets
         if state.idle_offset is not None:
             state.idle_offset = read_position
+
+    def forget_epochs(self) -> None:
+        """The control topic started again (re-created): a new emitter history begins
+        there, whose epochs may be lower than those seen in the old one."""
+        for state in self.partitions.values():
+            state.epoch = -1
 
     def restart_idle_clocks(self) -> None:
         """The consumer-side idle clock starts again at a restart (as Flink's does): time
@@ -176,6 +188,8 @@ class MarkerAligner:
             m.status is MarkerStatus.FINISHED for m in state.pending
         )
         rejected = rejection(marker, state.epoch, finished)
+        if rejected is not None and finished and marker.status is MarkerStatus.FINISHED:
+            return MarkerOutcome.ALREADY_FINISHED
         if rejected is not None:
             return self._reject(MarkerOutcome(rejected.value))
         state.epoch = marker.epoch

@@ -183,8 +183,11 @@ def aggregation_column(aggregation: str) -> str:
     return f"{function}_{field.replace('.', '_')}"
 
 
-def start(spark: SparkSession, config: ConsumerConfig) -> ConsumeJob:
-    """Starts the job in ``spark``; the state store is chosen before the first batch."""
+def start(
+    spark: SparkSession, config: ConsumerConfig, *, plain_max_offsets_per_trigger: int | None = None
+) -> ConsumeJob:
+    """Starts the job in ``spark``; the state store is chosen before the first batch.
+    ``plain_max_offsets_per_trigger`` caps the plain-Spark query's batches (compare)."""
     spark.conf.set(
         "spark.sql.streaming.stateStore.providerClass",
         ROCKSDB if config.state_store == "rocksdb" else HDFS,
@@ -199,13 +202,20 @@ def start(spark: SparkSession, config: ConsumerConfig) -> ConsumeJob:
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
-    plain = start_plain_spark(spark, config) if config.compare else None
+    plain = (
+        start_plain_spark(spark, config, max_offsets_per_trigger=plain_max_offsets_per_trigger)
+        if config.compare
+        else None
+    )
     return ConsumeJob(query, plain)
 
 
-def start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQuery:
+def start_plain_spark(
+    spark: SparkSession, config: ConsumerConfig, *, max_offsets_per_trigger: int | None = None
+) -> StreamingQuery:
     """The same count as a Spark user writes it today: Spark's own Kafka source and its
-    watermark (newest event time over all partitions - delay), into ``<output>-plain-spark``."""
+    watermark (newest event time over all partitions - delay), into ``<output>-plain-spark``;
+    with ``max_offsets_per_trigger``, that option of Spark's source caps each batch."""
     from slackwater.jars import SPARK_KAFKA, jar_files
 
     jar_files(SPARK_KAFKA)  # one clear line if set-up did not fetch Spark's Kafka source
@@ -214,6 +224,8 @@ def start_plain_spark(spark: SparkSession, config: ConsumerConfig) -> StreamingQ
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
         .option("startingOffsets", config.starting_offsets)
     )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     if config.topic_pattern is not None:
         reader = reader.option("subscribePattern", config.topic_pattern)
     else:

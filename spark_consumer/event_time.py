@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 # What a Spark timestamp (microseconds in a signed 64-bit integer) can hold, in ms.
 MAX_EVENT_TIME_MS = (2**63 - 1) // 1000
-MIN_EVENT_TIME_MS = -(2**63) // 1000
+MIN_EVENT_TIME_MS = -(2**63 // 1000)  # not -(2**63) // 1000: that one times 1000 overflows
 # Apache Kafka's log.message.timestamp.after.max.ms default (4.x): how far a record's
 # timestamp may be ahead of the broker's clock. The source's maxEventTimeAhead default.
 MAX_EVENT_TIME_AHEAD_MS = 3_600_000

@@ -33,6 +33,7 @@ replay plans the same row and a restart continues from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -92,6 +93,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# How long a partition must be missing from the broker's metadata before it leaves.
+VANISHED_AFTER_S = 5.0
 # What reading a topic that does not exist (any more) answers.
 _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -152,6 +155,14 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._control_consumer: Any = None
         self._progress_consumer: Any = None
         self._warned_missing_control = False
+        # Whether this reader has planned yet: its first plan restores a checkpoint.
+        self._planned = False
+        # Whether partitions() made sure the progress topic exists (a replay after a
+        # restart runs before any plan).
+        self._progress_topic_checked = False
+        # Partitions the broker stopped listing, since when (monotonic s): they leave
+        # the reading only once their absence lasts (_vanished).
+        self._absent_since: dict[tuple[str, int], float] = {}
         # (plan id, aligner) of the offset this planner returned last: the next call
         # usually starts from it and need not rebuild the state from JSON.
         self._cached: tuple[str, MarkerAligner] | None = None
@@ -315,7 +326,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner=aligner,
             query=uuid.uuid4().hex,
         )
-        return _offset(plan, from_data=data, planned=MIN_WATERMARK, late_threshold=MIN_WATERMARK)
+        return _offset(
+            plan,
+            from_data=data,
+            planned=MIN_WATERMARK,
+            late_threshold=MIN_WATERMARK,
+            max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
+        )
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         try:
@@ -342,10 +359,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             _count(plan, "records_unreadable", seen.unreadable)
             _count(plan, "records_dropped", seen.dropped)
             _count(plan, "records_lost", seen.lost)
-        # Partitions that appeared join as channels (with the markers held for them),
-        # partitions whose topic was deleted leave the valve as FINISHED, and partitions
-        # whose offsets went back follow failOnDataLoss: all before the markers, so that
-        # a marker for a partition that just appeared applies in this plan.
+        # Partitions that appeared join as channels (with the markers held for them), and
+        # partitions whose offsets went back follow failOnDataLoss: before the markers,
+        # so that a marker for a partition that just appeared applies in this plan.
         self._follow_partitions(plan, now, batch)
         # 2. New markers are read, 3. and applied once the read position reaches them.
         self._read_markers(plan, now.control_ends)
@@ -353,6 +369,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # a replay uses the logged offset, so this never makes a replay differ.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
         plan.aligner.advance(batch, now_ms)
+        # Partitions gone from the broker (their last batch applied first) leave the valve.
+        self._drop_vanished(plan, now)
         # 4. The data to read next.
         ends = self._data_ends(plan, limit, now)
         planned = plan.aligner.valve.watermark
@@ -364,6 +382,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             data=ends,
             previous_threshold=int(start["late_threshold"]),
             previous_batch_id=start_batch_id,
+            max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
         )
         if _same_batch(start, offset):
             self._cached = (start.get("plan_id", ""), plan.aligner)  # still start's state
@@ -378,23 +397,17 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
         * A partition the broker lists that the plan does not (a new topic or partition)
           starts at its earliest offset, as a new channel.
-        * A topic the broker no longer lists at all was deleted: its partitions leave
-          the reading and count as FINISHED (what the emitter's FINISHED@log_end says).
         * A log end below the read position: the offsets went back (the topic was
           re-created, or truncated); failOnDataLoss stops the query, or the partition
           starts again at its earliest offset.
         """
-        for deleted in [t for t in plan.data if t not in now.listed]:
-            for number in plan.data.pop(deleted):
-                plan.aligner.finish(channel(deleted, number))
-            _count(plan, "topics_deleted")
-            log.warning("topic %s was deleted: its partitions count as FINISHED", deleted)
         went_back = self._offsets_went_back(plan, now)
         listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
         new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
         starts = self._list_offsets(new + went_back, "earliest")
+        new_set = set(new)
         for (topic, partition), offset in starts.items():
-            if (topic, partition) in new:
+            if (topic, partition) in new_set:
                 plan.data.setdefault(topic, {})[str(partition)] = offset  # a new range starts here
                 continue
             # Offsets that went back (failOnDataLoss=false): read again from the earliest
@@ -415,6 +428,66 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         }
         plan.aligner.ensure_partitions(positions, positions)
         self._release_held(plan)
+
+    def _drop_vanished(self, plan: _Plan, now: _BrokerNow) -> None:
+        """Partitions the broker no longer lists leave the reading and count as FINISHED,
+        what the emitter's FINISHED@log_end says of a deleted topic: a topic missing from
+        the metadata, or partitions past a topic's count (re-created with fewer).
+
+        One answer is not enough: a topic also goes missing from an all-topics answer
+        when the principal loses DESCRIBE, or from a broker behind on metadata. A
+        partition leaves once it has been missing for ``VANISHED_AFTER_S`` and, for a
+        whole topic, a request for that topic answers that it does not exist.
+        """
+        missing = {
+            (topic, int(partition))
+            for topic, partitions in plan.data.items()
+            if topic not in now.counts
+            for partition in partitions
+            if topic not in now.listed
+        } | {
+            (topic, int(partition))
+            for topic, count in now.counts.items()
+            for partition in plan.data.get(topic, {})
+            if int(partition) >= count
+        }
+        moment = time.monotonic()
+        self._absent_since = {key: self._absent_since.get(key, moment) for key in missing}
+        due = [k for k, since in self._absent_since.items() if moment - since >= VANISHED_AFTER_S]
+        confirmed: dict[str, bool] = {}
+        for topic, partition in sorted(due):
+            if topic not in now.listed:
+                if topic not in confirmed:
+                    confirmed[topic] = self._topic_does_not_exist(topic)
+                if not confirmed[topic]:
+                    continue
+            plan.data[topic].pop(str(partition))
+            if not plan.data[topic]:
+                del plan.data[topic]
+            del self._absent_since[(topic, partition)]
+            plan.aligner.finish(channel(topic, partition))
+            _count(plan, "partitions_deleted")
+            log.warning(
+                "%s[%d] is gone from the broker (topic deleted or re-created with fewer "
+                "partitions): it counts as FINISHED",
+                topic,
+                partition,
+            )
+
+    def _topic_does_not_exist(self, topic: str) -> bool:
+        """A request for this topic alone answers UNKNOWN_TOPIC_OR_PART."""
+        try:
+            metadata = self._admin_client().list_topics(
+                topic, timeout=self.options.request_timeout_s
+            )
+        except KafkaException:
+            return False
+        described = metadata.topics.get(topic)
+        return (
+            described is not None
+            and described.error is not None
+            and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
 
     def _offsets_went_back(self, plan: _Plan, now: _BrokerNow) -> list[tuple[str, int]]:
         """Partitions whose log end is below the read position; failOnDataLoss=true
@@ -466,8 +539,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner = cached[1]  # the state this planner left in that offset: no restore
         else:
             aligner = MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of)
-            # Not the state this planner left: the query (re)started from its checkpoint.
+        if not self._planned:
+            # This reader's first plan: the query (re)started from its checkpoint.
             aligner.restart_idle_clocks()
+            self._planned = True
         # The option as the query runs now (it may have changed since the checkpoint).
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         self._cached = None  # mutated from here on
@@ -526,8 +601,22 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 )
                 self._warned_missing_control = True
             return
-        for partition in ends:
+        for partition, end in ends.items():
             plan.control.setdefault(partition, 0)
+            if plan.control[partition] > end:
+                # The control topic was re-created (or truncated): read it again from its
+                # start, and take the epochs of a new emitter history as they come.
+                log.warning(
+                    "control topic %s[%s] ends at %d, before this query's position %d: "
+                    "re-created? reading it again from its start",
+                    topic,
+                    partition,
+                    end,
+                    plan.control[partition],
+                )
+                plan.control[partition] = 0
+                plan.aligner.forget_epochs()
+                _count(plan, "control_went_back")
         todo = {p: end for p, end in ends.items() if plan.control[p] < end}
         if not todo:
             return
@@ -664,7 +753,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                     if where is not None:
                         try:
                             found[where] = Progress.decode(message.value())
-                        except (ValueError, KeyError, TypeError, RecursionError):
+                        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
                             # Not a reader's record (nothing of ours writes this): skipped,
                             # counted; the reader's own record is still awaited.
                             _count(plan, "progress_malformed")
@@ -732,6 +821,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         topic = self.options.progress_topic
         metadata = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
         described = metadata.topics.get(topic)
+        if (
+            described is not None
+            and described.error is not None
+            and described.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            return False  # the broker cannot tell now: the wait goes on
         if described is None or described.error is not None:
             self._ensure_progress_topic()
             return True
@@ -754,7 +849,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         previous = int(end.get("previous_threshold", threshold))
         previous_batch_id = end.get("previous_batch_id")
         query = str(end.get("query", ""))
-        planned_at_ms = end.get("planned_at_ms")
+        if not self._progress_topic_checked:
+            # A replay after a restart reads before any plan: the readers' progress
+            # needs its topic (the broker's auto-creation would give it no retention).
+            with contextlib.suppress(KafkaException):
+                self._ensure_progress_topic()
+            self._progress_topic_checked = True
+        latest_event_ms = end.get("latest_event_ms")
         result: list[InputPartition] = [
             RangePartition(
                 topic,
@@ -765,7 +866,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 previous,
                 previous_batch_id,
                 query=query,
-                planned_at_ms=planned_at_ms,
+                latest_event_ms=latest_event_ms,
             )
             for topic, partition, begin, finish in _ranges(end["from"], end["data"])
         ]
@@ -815,18 +916,24 @@ def _offset(
     data: Offsets | None = None,
     previous_threshold: int = MIN_WATERMARK,
     previous_batch_id: int | None = None,
+    max_event_time_ahead_ms: int | None = None,
 ) -> dict[str, Any]:
     """One batch's offset: its data ranges (``from`` -> ``data``), the positions read on
     the control and progress topics, the watermark planned into its synthetic row, the
     watermark Spark applies while it runs (``late_threshold``: the previous batch's plan),
     and the aligner/valve state after planning."""
+    latest_event_ms = (
+        None
+        if max_event_time_ahead_ms is None
+        else time.time_ns() // 10**6 + max_event_time_ahead_ms
+    )
     return {
         "v": OFFSET_VERSION,
         "plan_id": uuid.uuid4().hex,
         "query": plan.query,
-        # The clock event times are judged by (maxEventTimeAhead), logged so that a
-        # replay of the batch judges them the same.
-        "planned_at_ms": time.time_ns() // 1_000_000,
+        # The newest event time the batch's records may carry (maxEventTimeAhead past
+        # the planning clock), logged so that a replay of the batch judges them the same.
+        "latest_event_ms": latest_event_ms,
         "data": data if data is not None else plan.data,
         "from": {t: dict(p) for t, p in from_data.items()},
         "control": dict(plan.control),

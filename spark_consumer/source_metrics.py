@@ -188,7 +188,10 @@ _COUNTERS = {
     "with failOnDataLoss=false.",
     "offsets_went_back": "Partitions read again from their earliest offset because their log "
     "end went below the read position (re-created topic), failOnDataLoss=false.",
-    "topics_deleted": "Subscribed topics deleted: their partitions count as FINISHED.",
+    "partitions_deleted": "Partitions gone from the broker (topic deleted, or re-created with "
+    "fewer partitions): they count as FINISHED.",
+    "control_went_back": "Times the control topic ended before the query's position "
+    "(re-created): read again from its start.",
     "partitions_after_finished": "Partitions that appeared after every partition had FINISHED "
     "(their records are data after FINISHED).",
     "progress_lost": "Progress records of the last batch found gone at a restart (progress "

@@ -85,9 +85,10 @@ class RangePartition(InputPartition):
     previous_batch_id: int | None = None
     # The query's identity, for its progress keys (see progress_key).
     query: str = ""
-    # Wall time (ms) when the driver planned the batch: event times more than the option
-    # maxEventTimeAhead past it are unreadable; a replay judges by the same clock.
-    planned_at_ms: int | None = None
+    # The newest event time the range's records may carry: the option maxEventTimeAhead
+    # past the driver's clock when it planned the batch (a replay judges by the same);
+    # None: no bound.
+    latest_event_ms: int | None = None
 
     def progress_key(self, event_time: str) -> str:
         """The key of the progress record its reader writes (see progress_key)."""

@@ -60,7 +60,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         options.event_time_field,
         late_events_watermark(split, batch_id),
         options.late_rule if options.late_output is not None else None,
-        _latest_event_time_ms(options, split),
+        split.latest_event_ms,
     )
     lost = 0
     try:
@@ -68,6 +68,7 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
         position = split.start
         deadline = time.monotonic() + options.read_timeout_s
         next_check = time.monotonic() + _GONE_CHECK_S
+        unknown_answers = 0
         while position < split.end:
             messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
             records, failure = _records_before(messages, split)
@@ -89,7 +90,12 @@ def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.Rec
             ):
                 # An error, or a range that stopped arriving: are its records gone?
                 next_check = time.monotonic() + _GONE_CHECK_S
-                gone_until = _gone_until(consumer, split, position, options.request_timeout_s)
+                gone_until, unknown = _gone_until(
+                    consumer, split, position, options.request_timeout_s
+                )
+                unknown_answers = unknown_answers + 1 if unknown else 0
+                if unknown_answers >= 2:
+                    gone_until = split.end  # the topic or partition is gone, the range too
                 if gone_until is not None:
                     lost += _lose(options, split, position, gone_until)
                     position = gone_until
@@ -146,45 +152,40 @@ def _finish_range(
 _GONE_CHECK_S = 2.0
 
 
-def _latest_event_time_ms(options: SourceOptions, split: RangePartition) -> int | None:
-    """The newest event time this range may carry (the option maxEventTimeAhead past the
-    batch's planning clock), or None when the option is off."""
-    if options.max_event_time_ahead_ms is None:
-        return None
-    clock_ms = split.planned_at_ms if split.planned_at_ms is not None else time.time_ns() // 10**6
-    return clock_ms + options.max_event_time_ahead_ms
-
-
 def _gone_until(
     consumer: Any, split: RangePartition, position: int, timeout_s: float
-) -> int | None:
+) -> tuple[int | None, bool]:
     """Where the records gone from ``position`` on end (``[position, x)``), or None when
-    they are there: retention moved the log start past the position, or the topic (or
-    partition) was deleted, or its offsets went back (re-created, truncated)."""
+    they are there: retention moved the log start past the position, or the offsets went
+    back (re-created, truncated). And whether the broker says the topic (or partition)
+    does not exist, which the caller believes only when it says so twice: a broker just
+    behind on metadata says so of a topic that does."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     try:
         metadata = consumer.list_topics(split.topic, timeout=timeout_s)
-        described = metadata.topics.get(split.topic)
-        if (
-            described is None
-            or (
-                described.error is not None
-                and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-            )
-            or (described.error is None and split.partition not in described.partitions)
-        ):
-            return split.end  # the topic or partition is gone, the range with it
+    except KafkaException:
+        return None, False  # the broker cannot tell now: keep reading until the timeout
+    described = metadata.topics.get(split.topic)
+    unknown = (
+        described is None
+        or (
+            described.error is not None
+            and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        or (described.error is None and split.partition not in described.partitions)
+    )
+    try:
         low, high = consumer.get_watermark_offsets(
             TopicPartition(split.topic, split.partition), timeout=timeout_s
         )
     except KafkaException:
-        return None  # the broker cannot tell now: keep reading until the read timeout
+        return None, unknown
     if int(low) > position:
-        return min(int(low), split.end)  # retention (or DeleteRecords) took them
+        return min(int(low), split.end), False  # retention (or DeleteRecords) took them
     if high < position:
-        return split.end  # the offsets went back: not the records the range was planned on
-    return None
+        return split.end, False  # the offsets went back: not the records planned on
+    return None, False
 
 
 def _lose(options: SourceOptions, split: RangePartition, position: int, gone_until: int) -> int:

@@ -230,7 +230,25 @@ def test_offsets_that_went_back_restart_the_read_position() -> None:
     """A re-created topic: offsets of the old log mean nothing in the new one."""
     a = aligner(1)
     a.advance({0: data(10, 99, 100)})
-    a.offer(marker(0, IDLE, 3))  # the new log's offset 3
+    a.offer(marker(0, IDLE, 150))  # the old log's: pending, meaningless in the new one
     a.restart_at(0, 0)
+    assert a.pending_count == 0
+    a.offer(marker(0, IDLE, 3))  # the new log's offset 3
     assert a.advance({}) == []  # position 0 < 3: waits (before: 100 >= 3, applied at once)
     assert a.advance({0: data(20, 2, 3)}) == [Watermark(20), WatermarkStatus.IDLE]
+
+
+def test_finished_again_after_finished_is_the_same_end_not_a_violation() -> None:
+    a = aligner(1)
+    a.finish(0)  # its topic was deleted
+    assert a.offer(marker(0, FINISHED, 5)) is MarkerOutcome.ALREADY_FINISHED  # the emitter's
+    assert a.offer(marker(0, IDLE, 5)) is MarkerOutcome.AFTER_FINISHED
+    assert a.counters.markers_rejected == {"after_finished": 1}
+
+
+def test_a_new_control_topic_history_starts_its_epochs_again() -> None:
+    a = aligner(1)
+    a.offer(marker(0, ACTIVE, 0, epoch=5))
+    assert a.offer(marker(0, IDLE, 0, epoch=1)) is MarkerOutcome.STALE_EPOCH
+    a.forget_epochs()  # the control topic was re-created: a new emitter, epoch 1
+    assert a.offer(marker(0, IDLE, 0, epoch=1)) is MarkerOutcome.PENDING

@@ -3,6 +3,7 @@ error (a poison record must not fail a task; issue 21)."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,6 +67,8 @@ def test_kafka_timestamps_past_a_spark_timestamp_are_unreadable() -> None:
 
 PIECES = st.sampled_from(
     [
+        b"-9223372036854776",  # one ms below what a Spark timestamp holds
+        b"-9223372036854775.9",
         b"{",
         b"}",
         b"[",
@@ -97,3 +100,13 @@ def test_any_bytes_give_a_time_in_range_or_unreadable(value: bytes) -> None:
         return
     assert isinstance(event_ms, int)
     assert MIN_EVENT_TIME_MS <= event_ms <= MAX_EVENT_TIME_MS
+    pa.array([event_ms * 1000], pa.timestamp("us", tz="UTC"))  # what the readers build
+
+
+@pytest.mark.parametrize("event_ms", [MIN_EVENT_TIME_MS, MAX_EVENT_TIME_MS])
+def test_the_bounds_are_times_a_spark_timestamp_holds(event_ms: int) -> None:
+    value = b'{"ts": %d}' % event_ms
+    assert from_json_field(value, "ts") == event_ms
+    pa.array([event_ms * 1000], pa.timestamp("us", tz="UTC"))
+    with pytest.raises(UnreadableEventTime, match="out of range"):
+        from_json_field(b'{"ts": %d}' % (event_ms + (1 if event_ms > 0 else -1)), "ts")
