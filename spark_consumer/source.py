@@ -423,8 +423,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             plan.aligner.restart_at(channel(topic, partition), offset)
             batch.pop(channel(topic, partition), None)
             _count(plan, "offsets_went_back")
+        # (The aligner has a channel for every partition the plan reads: only new ones.)
         positions: dict[Hashable, int] = {
-            channel(t, p): o for t, partitions in plan.data.items() for p, o in partitions.items()
+            channel(t, p): plan.data[t][str(p)] for t, p in new if str(p) in plan.data.get(t, {})
         }
         plan.aligner.ensure_partitions(positions, positions)
         self._release_held(plan)
@@ -439,6 +440,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         partition leaves once it has been missing for ``VANISHED_AFTER_S`` and, for a
         whole topic, a request for that topic answers that it does not exist.
         """
+        if not self._absent_since and all(
+            topic in now.counts and len(partitions) <= now.counts[topic]
+            for topic, partitions in plan.data.items()
+        ):
+            return  # every partition read is listed (partitions are numbered from 0)
         missing = {
             (topic, int(partition))
             for topic, partitions in plan.data.items()
@@ -1004,13 +1010,17 @@ def _partition_batches(
     it is taken as contradicted by data, so the partition stays ACTIVE). Missing
     progress can hold the watermark back, never make a record late.
     """
-    lost = {(t, p): (a, b) for t, p, a, b in ranges if (t, p) not in progress}
+    lost = (
+        {(t, p): (a, b) for t, p, a, b in ranges if (t, p) not in progress}
+        if len(progress) < len(ranges)
+        else {}
+    )
     batch: dict[Any, PartitionBatch] = {}
     for topic, partitions in data.items():
         for partition, read_position in partitions.items():
             key = (topic, int(partition))
             seen = progress.get(key)
-            if key in lost:
+            if lost and key in lost:
                 first, end = lost[key]
                 batch[channel(topic, partition)] = PartitionBatch(
                     records=end - first, max_offset=end - 1, read_position=read_position
