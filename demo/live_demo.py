@@ -6,16 +6,21 @@ the emitter sidecar (in a thread) and the Spark consumer (local SparkSession).
 A live terminal view shows each partition as the emitter and the consumer
 see it, the valve, windows and late records; a summary follows.
 
-Script, as shares of ``--duration`` D (event time = wall clock, every
+Script, as shares of ``--duration`` D, in rounds of one record per writing
+partition every 1/8 s (event time = wall clock when the round starts, every
 record up to 0.8 s out of order, within the 1 s bound):
 
     0 ........ 0.2D ........ 0.25D .... 0.35D ........ 0.6D ........ D
-    p0-p4, p6: steady traffic all along; p3's records arrive 3 s after their
-               event time (a slow upstream: Spark's Kafka source with
-               withWatermark drops them as late (--compare),
+    p0-p4, p6: steady traffic all along; p3's upstream is slow: it delivers
+               each record 80 rounds (10 s at the script's pace, more when
+               the machine is slower) after its event time (Spark's Kafka
+               source with withWatermark drops them as late (--compare),
                the valve waits for them)
     p5:  traffic | quiet (the emitter marks it IDLE)   | traffic again
     p7:  traffic ............ | stops | finished with `slackwater finish`
+
+Why plain Spark's loss (--compare) does not depend on the machine's speed: see
+``PLAIN_SPARK_MAX_OFFSETS`` below, and docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
@@ -58,9 +64,25 @@ from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
 PARTITIONS = 8
 QUIET, FINISHED_PARTITION, LAGGING = 5, 7, 3
-LAG_MS = 3_000  # p3's records reach Kafka 3 s after their event time (a slow upstream)
-RECORDS_PER_SECOND = 8
+ROUND_MS = 125  # one record per writing partition per round: 8 a second each
+LAG_ROUNDS = 80  # p3's records reach Kafka 80 rounds (>= 10 s) after their event time
+MAX_JITTER_MS = 800  # every record's event time is up to 0.8 s before its round's
 DATA_TOPIC, CONTROL_TOPIC = "demo-events", "demo-control"
+WINDOW_MS, OUT_OF_ORDERNESS_MS = 5_000, 1_000
+# --compare: plain Spark reads with maxOffsetsPerTrigger, as production jobs do. Spark
+# drops a row of batch N when its window ended by the watermark of batch N-1 (SPARK-40925),
+# max(event time over batches <= N-2) - delay: a row read in the same batch as the rows
+# that move the watermark past its window, or in the next, is never late. Without a cap,
+# how far a batch reaches depends on how long the last one took, so a busy machine hid
+# every loss. With this cap (split over partitions in proportion to their backlog) no
+# batch holds more than 17 rounds of any of the six partitions that write every round
+# (p0-p4, p6), and their read positions stay within one round of each other. So
+# the first p3 row of a batch N is at most 19 rounds after p0's newest row in batches
+# <= N-2, which was stamped at least 80 - 19 = 61 rounds (7.6 s) after that p3 row: more
+# than a window (5 s) + the delay (1 s) + the largest jitter (0.8 s). The p3 row's window
+# has ended by batch N's late-row watermark, whatever the machine's speed, in every batch
+# that reads p3's rows from its 40th round on (docs/decisions.md).
+PLAIN_SPARK_MAX_OFFSETS = 96
 
 
 @dataclass
@@ -78,7 +100,7 @@ class DemoState:
     windows_while_quiet_idle: int = 0
     events: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-    plain_spark_lost: int | None = None
+    plain_spark_lost: Counter[str] | None = None  # records per key (--compare)
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -117,6 +139,42 @@ class DemoState:
                 )
 
 
+class Script:
+    """The demo's input, round by round (module docstring): which partitions write in a
+    round and the event times they stamp. p3's upstream holds every record for
+    ``LAG_ROUNDS`` rounds; it starts that far behind (its first records carry the
+    event times of the rounds before the first one), so p0-p4, p3 and p6 each write
+    exactly one record in every round."""
+
+    def __init__(self, duration_s: float, seed: int = 42) -> None:
+        self.duration_s = duration_s
+        self._rng = random.Random(seed)
+        self._lagging: deque[int] = deque()  # p3's stamps, oldest first
+
+    def writers(self, elapsed_s: float) -> list[int]:
+        """The partitions that write in a round starting ``elapsed_s`` into the script."""
+        quiet = 0.2 * self.duration_s <= elapsed_s < 0.6 * self.duration_s
+        ended = elapsed_s >= 0.25 * self.duration_s
+        return [
+            p
+            for p in range(PARTITIONS)
+            if not (p == QUIET and quiet) and not (p == FINISHED_PARTITION and ended)
+        ]
+
+    def round(self, elapsed_s: float, stamp_ms: int) -> list[tuple[int, int]]:
+        """(partition, event time ms) of the records of the round that starts
+        ``elapsed_s`` into the script, stamped ``stamp_ms`` (rounds at least ``ROUND_MS``
+        apart)."""
+        if not self._lagging:  # the first round
+            self._lagging.extend(stamp_ms - (LAG_ROUNDS - k) * ROUND_MS for k in range(LAG_ROUNDS))
+        self._lagging.append(stamp_ms)
+        records = []
+        for partition in self.writers(elapsed_s):
+            stamp = self._lagging.popleft() if partition == LAGGING else stamp_ms
+            records.append((partition, stamp - self._rng.randrange(0, MAX_JITTER_MS)))
+        return records
+
+
 def produce_script(
     bootstrap: str,
     duration_s: float,
@@ -126,23 +184,23 @@ def produce_script(
     topic: str = DATA_TOPIC,
     control_topic: str = CONTROL_TOPIC,
 ) -> None:
-    """The demo's producer script (module docstring), from now for ``duration_s``."""
-    started = time.monotonic()
+    """The demo's producer script (module docstring), from now for ``duration_s``: a
+    round every ``ROUND_MS``, or as soon as the last one is written when that took longer."""
+    started_ns = time.monotonic_ns()
+    # Stamps are the wall clock at the start, advanced by the monotonic clock: rounds at
+    # least ROUND_MS apart are stamped at least ROUND_MS apart.
+    epoch_ms = time.time_ns() // 1_000_000
     producer = kafka_clients.producer("demo-producer", bootstrap, ours={"linger.ms": 0})
-    rng = random.Random(42)
+    script = Script(duration_s)
     finish_sent = False
     while not stop.is_set():
-        elapsed = time.monotonic() - started
+        round_ns = time.monotonic_ns()
+        elapsed = (round_ns - started_ns) / 1e9
         if elapsed >= duration_s:
             break
-        for partition in range(PARTITIONS):
-            quiet = partition == QUIET and 0.2 * duration_s <= elapsed < 0.6 * duration_s
-            ended = partition == FINISHED_PARTITION and elapsed >= 0.25 * duration_s
-            if quiet or ended:
-                continue
-            event_ms = time.time_ns() // 1_000_000 - rng.randrange(0, 800)
-            if partition == LAGGING:
-                event_ms -= LAG_MS
+        for partition, event_ms in script.round(
+            elapsed, epoch_ms + (round_ns - started_ns) // 1_000_000
+        ):
             producer.produce(
                 topic,
                 key=f"sensor-{partition}".encode(),
@@ -152,8 +210,9 @@ def produce_script(
             )
             with state.lock:
                 state.produced[partition] += 1
-        # One round of records acknowledged before the next; a stop request is seen
-        # within half a second even while the broker cannot be reached.
+        # One round of records acknowledged before the next (so every partition's log
+        # end is within one round of the others'); a stop request is seen within half a
+        # second even while the broker cannot be reached.
         while producer.flush(0.5) > 0 and not stop.is_set():
             pass
         if not finish_sent and elapsed >= 0.35 * duration_s:
@@ -184,7 +243,9 @@ def produce_script(
                 state.events.append(
                     f"{elapsed:5.1f}s  slackwater finish p{FINISHED_PARTITION}: {outcome}"
                 )
-        stop.wait(1 / RECORDS_PER_SECOND)
+        next_round_ns = round_ns + ROUND_MS * 1_000_000
+        while not stop.is_set() and (left_ns := next_round_ns - time.monotonic_ns()) > 0:
+            stop.wait(left_ns / 1e9)
 
 
 def _clock(ms: int) -> str:
@@ -250,7 +311,7 @@ def run_live_demo(
         console.print("starting Spark (local[2]) ...")
         spark = spark_session("slackwater-demo")
         config = _consumer_config(bootstrap, output_dir, compare)
-        job = start(spark, config)
+        job = start(spark, config, plain_max_offsets_per_trigger=PLAIN_SPARK_MAX_OFFSETS)
         query, plain = job.query, job.plain_spark
         # The emitter and the script start once the consumer's trigger loop runs,
         # so that what they show happens while the consumer is live, however long
@@ -279,7 +340,7 @@ def run_live_demo(
             state.follow(query)
             if plain is not None:
                 plain.processAllAvailable()
-                _print_comparison(console, config, state)
+                _print_comparison(console, config, state, plain)
         finally:
             stop.set()
             job.stop()
@@ -319,8 +380,8 @@ def _consumer_config(bootstrap: str, output_dir: Path, compare: bool) -> Consume
         bootstrap_servers=bootstrap,
         topics=(DATA_TOPIC,),
         control_topic=CONTROL_TOPIC,
-        window_ms=5_000,
-        max_out_of_orderness_ms=1_000,
+        window_ms=WINDOW_MS,
+        max_out_of_orderness_ms=OUT_OF_ORDERNESS_MS,
         trigger_ms=1_000,
         output=str(output_dir / "windows"),
         checkpoint=str(output_dir / "checkpoint"),
@@ -372,19 +433,24 @@ def _all_marked(emitter: Emitter) -> bool:
     return bool(rows) and all(row.status is not MarkerStatus.ACTIVE for row in rows)
 
 
-def _print_comparison(console: Console, config: ConsumerConfig, state: DemoState) -> None:
+def _print_comparison(
+    console: Console, config: ConsumerConfig, state: DemoState, plain: StreamingQuery
+) -> None:
     ours = {(r["window_start"], r["key"]): int(r["count"]) for r in committed_rows(config.output)}
     theirs = {
         (r["window_start"], r["key"]): int(r["count"])
         for r in committed_rows(plain_spark_output(config))
     }
-    both = set(ours) & set(theirs)
-    lost = sum(ours[k] - theirs[k] for k in both)
+    # Windows both queries have closed: each has emitted every row it counted in them (a
+    # window whose every record plain Spark dropped has no row there at all).
+    closed_before_ms = min(state.valve_watermark_ms, _watermark_ms(plain))
+    lost = plain_spark_losses(ours, theirs, closed_before_ms)
     console.print()
     table = Table(title="the same input, side by side")
     for column in ("", "slackwater", "Spark's Kafka source + withWatermark"):
         table.add_column(column)
     table.add_row("window-key rows emitted", str(len(ours)), str(len(theirs)))
+    both = set(ours) & set(theirs)
     table.add_row(
         "records counted in the windows both emitted",
         str(sum(ours[k] for k in both)),
@@ -393,10 +459,33 @@ def _print_comparison(console: Console, config: ConsumerConfig, state: DemoState
     table.add_row(
         "records dropped as late",
         str(state.counters.get("records_dropped", 0)),
-        f"{lost} (silently; p{LAGGING} lags {LAG_MS // 1000} s)",
+        f"{sum(lost.values())} (silently; p{LAGGING}'s: {lost[f'sensor-{LAGGING}']})",
     )
     console.print(table)
     state.plain_spark_lost = lost
+
+
+def plain_spark_losses(
+    ours: dict[tuple[str, str], int], theirs: dict[tuple[str, str], int], closed_before_ms: int
+) -> Counter[str]:
+    """Per key, the records slackwater counted and plain Spark did not, over the windows
+    (window start, key) -> count that ended at or before ``closed_before_ms``."""
+    lost: Counter[str] = Counter()
+    for (window_start, key), count in ours.items():
+        if _iso_ms(window_start) + WINDOW_MS <= closed_before_ms:
+            lost[key] += count - theirs.get((window_start, key), 0)
+    return lost
+
+
+def _iso_ms(stamp: str) -> int:
+    return int(datetime.fromisoformat(stamp).timestamp() * 1000)
+
+
+def _watermark_ms(query: StreamingQuery) -> int:
+    """The watermark Spark applied in the query's last batch (MIN_WATERMARK: none yet)."""
+    progress = query.lastProgress
+    watermark = progress.eventTime.get("watermark") if progress is not None else None
+    return _iso_ms(watermark) if watermark else MIN_WATERMARK
 
 
 def _markers_published(emitter: Emitter) -> dict[str, int]:
@@ -434,9 +523,10 @@ def _summary(
     console.print(f"windows written to      {output_dir / 'windows'}")
     console.print(f"chart                   {chart}")
     if state.plain_spark_lost is not None:
+        lost = state.plain_spark_lost
         console.print(
-            f"plain Spark lost        {state.plain_spark_lost} records "
-            "(Spark's Kafka source, --compare)"
+            f"plain Spark lost        {sum(lost.values())} records, "
+            f"{lost[f'sensor-{LAGGING}']} of them p{LAGGING}'s (Spark's Kafka source, --compare)"
         )
     if failure is not None:
         first_line = str(failure).strip().splitlines()[0]

@@ -1,16 +1,21 @@
 """What many tests build or measure the same way, built one way: markers, the
-``slackwater`` command, /metrics samples, waiting for a condition."""
+``slackwater`` command, /metrics samples, waiting for a condition, a broker that cannot
+be reached."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -97,3 +102,49 @@ def deploy_metric_names() -> set[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     texts += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     return set(re.findall(r"slackwater_[a-z_]+", "\n".join(texts)))
+
+
+class ResettingEndpoint:
+    """A loopback port that resets every connection as it accepts it: to a Kafka client,
+    a broker it cannot reach (``Connect to ... failed: Connection reset by peer``, as
+    often as it retries), with every failed attempt counted, so that a test waits for a
+    number of failures instead of for a time."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._resets = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def resets(self) -> int:
+        """Connections reset so far."""
+        with self._lock:
+            return self._resets
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            # Linger 0: close() sends a reset, the client's connect fails.
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+            with self._lock:
+                self._resets += 1
+
+    def __enter__(self) -> ResettingEndpoint:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        self._server.close()
+        self._thread.join(10)

@@ -1,10 +1,14 @@
-"""Helpers for tests that run slackwater as a user would: waiting on a running process."""
+"""Helpers for tests that run slackwater as a user would: waiting on a running process,
+stopping it in its tracks."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -23,3 +27,45 @@ def wait_while_running(
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def frozen(process: subprocess.Popen[bytes], within_s: float = 0.2) -> Iterator[bool]:
+    """Stops every process of ``process``'s group (SIGSTOP: the Python driver and Spark's
+    JVM) and yields True once every thread of them has stopped, so that nothing they
+    write changes while the body runs; False if one had not within ``within_s`` (a
+    thread can wait uninterruptibly for a child it is spawning, which is stopped too):
+    then the body must not rely on anything. Continues them afterwards (SIGCONT,
+    harmless if the body killed them). The process must lead its own group
+    (``start_new_session=True``)."""
+    os.killpg(process.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + within_s
+        while _running_threads(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        yield not _running_threads(process.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the body may have killed them all
+            os.killpg(process.pid, signal.SIGCONT)
+
+
+def _running_threads(group: int) -> list[str]:
+    """The threads of the group's processes that have not stopped: "pid/tid state"."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat_fields(stat)
+        if fields is None or int(fields[2]) != group:  # state, ppid, pgrp, ...
+            continue
+        for task in (stat.parent / "task").glob("*/stat"):
+            task_fields = _stat_fields(task)
+            if task_fields is not None and task_fields[0] not in ("T", "t", "Z", "X"):
+                running.append(f"{stat.parent.name}/{task.parent.name} {task_fields[0]}")
+    return running
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (None: the process is gone)."""
+    try:
+        return stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return None

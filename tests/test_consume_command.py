@@ -18,12 +18,19 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
 from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
-from tests.factories import SLACKWATER, deploy_metric_names, scrape_metrics
+from tests.factories import (
+    SLACKWATER,
+    ResettingEndpoint,
+    deploy_metric_names,
+    scrape_metrics,
+)
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import wait_while_running
 from tests.source_harness import iso_ms, late_output_rows
+from tests.spark_checkpoint import ran_with_watermark
 
 KILLS = 4
+UNREACHABLE_FAILURES = 50  # connections the source's clients failed before SIGTERM
 LATE_EVERY = 10  # every 10th second, one record 12 s in the past on p0
 
 
@@ -114,14 +121,18 @@ def test_four_sigkills_while_data_arrives_lose_and_duplicate_nothing(
         write.marker(0, MarkerStatus.FINISHED)
         write.marker(1, MarkerStatus.FINISHED)
         windows_expected = 2 * (written.seconds // 5)
+        # A batch ran with Spark's watermark past the last window (FINISHED) and
+        # committed: every window is out and no state is left, the output is final (a
+        # window written twice would be there).
         wait_while_running(
-            lambda: len(committed_rows(tmp_path / "out")) >= windows_expected,
+            lambda: ran_with_watermark(
+                tmp_path / "checkpoint" / "windows", BASE_MS + written.seconds * 1000
+            ),
             180,
-            "every window",
+            "a batch past every window",
             final,
             log,
         )
-        time.sleep(2)  # a duplicate would be written by now
         rows = committed_rows(tmp_path / "out")
         where = Counter((r["window_start"], r["key"]) for r in rows)
         assert all(n == 1 for n in where.values()), where  # each window and key once
@@ -167,17 +178,27 @@ def _check_metrics(port: int, *, dropped: int) -> None:
 
 def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(tmp_path: Path) -> None:
     log = tmp_path / "consume.log"
-    process = _consume("127.0.0.1:1", "t", "c", tmp_path, log=log, metrics_port=free_port())
-    try:
-        time.sleep(25)  # the JVM starts, then the source cannot plan
-        assert process.poll() is None, log.read_text()
-        process.send_signal(signal.SIGTERM)
-        stopped_at = time.monotonic()
-        assert process.wait(timeout=15) == 0, log.read_text()[-3000:]
-        assert time.monotonic() - stopped_at < 10
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    with ResettingEndpoint() as broker:
+        process = _consume(broker.address, "t", "c", tmp_path, log=log, metrics_port=free_port())
+        try:
+            # The JVM started and the source could not plan (it said so), while the
+            # clients kept failing to connect.
+            wait_while_running(
+                lambda: (
+                    f"cannot reach Kafka at {broker.address}" in log.read_text()
+                    and broker.resets >= UNREACHABLE_FAILURES
+                ),
+                180,
+                "the source's line and failed connections",
+                process,
+                log,
+            )
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
     text = log.read_text()
     assert "Traceback" not in text
     assert len(text.splitlines()) <= 8, text
+    assert any(line.endswith("consume: SIGTERM: stopping") for line in text.splitlines()), text

@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,13 @@ from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import wait_while_running
+from tests.process_harness import frozen, wait_while_running
+from tests.spark_checkpoint import (
+    batch_ids,
+    next_watermark_ms,
+    planned_batch,
+    ran_with_watermark,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FINISHED = MarkerStatus.FINISHED
@@ -50,22 +58,73 @@ def _committed_rows(spark: SparkSession, output: Path) -> list[dict[str, object]
     return [row.asDict() for row in spark.read.schema(schema).json(str(output)).collect()]
 
 
-def _batches(checkpoint: Path, log: str) -> int:
-    """Batches Spark has written to a checkpoint log ("offsets": planned, "commits": done)."""
-    folder = checkpoint / log
-    return sum(1 for f in folder.iterdir() if f.name.isdigit()) if folder.exists() else 0
+def _in_flight(checkpoint: Path, after: int) -> int | None:
+    """A batch after ``after`` that Spark has planned (offsets/N) but not committed
+    (no commits/N), whose plan moves the watermark: the watermark planned into its
+    synthetic row is above the one Spark applies while it runs. None if there is none."""
+    planned = batch_ids(checkpoint, "offsets")
+    newest = max(planned, default=-1)
+    if newest <= after or newest in batch_ids(checkpoint, "commits"):
+        return None
+    batch = planned_batch(checkpoint, newest)
+    return newest if batch.slackwater_offset()["watermark"] > batch.watermark_ms else None
+
+
+def _caught_up(checkpoint: Path, write: Writer) -> bool:
+    """The job has committed every batch it planned, and planned every record written."""
+    newest = max(batch_ids(checkpoint, "offsets"), default=-1)
+    if newest < 0 or newest not in batch_ids(checkpoint, "commits"):
+        return False
+    planned = planned_batch(checkpoint, newest).slackwater_offset()["data"][write.topic]
+    return bool(planned == {str(p): end for p, end in write.log_end.items()})
+
+
+def _kill_between_the_logs(
+    process: subprocess.Popen[bytes],
+    checkpoint: Path,
+    log: Path,
+    write: Writer,
+    *,
+    pay: Callable[[int], None],
+    seconds: Iterator[int],
+) -> int:
+    """Pays the next second each time the job has caught up with what was written;
+    when a batch is in flight (``_in_flight``), stops the job in its tracks (every
+    thread of its processes) and looks again: if the batch is still planned and not
+    committed, the job dies there, SIGKILL. Returns that batch."""
+    after = max(batch_ids(checkpoint, "offsets"))
+    deadline = time.monotonic() + 240
+    while True:
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the job stopped committing batches"
+        if _caught_up(checkpoint, write):
+            second = next(seconds, None)
+            assert second is not None, "no batch was ever caught between its two logs"
+            pay(second)
+        elif _in_flight(checkpoint, after) is not None:
+            with frozen(process) as stopped:
+                caught = _in_flight(checkpoint, after) if stopped else None
+                if caught is not None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    return caught
+        time.sleep(0.005)  # between two looks at the checkpoint
 
 
 @pytest.mark.integration
 def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
     spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
+    """The driver is killed between Spark's offset log and its commit log for a batch:
+    the restart replays that batch from the logged plan (the same synthetic row) and
+    the output stays exact, each window once."""
     topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
     write = Writer(broker.bootstrap_servers, topic, control)
     expected: dict[tuple[int, str], float] = {}
     payments: Counter[tuple[int, str]] = Counter()
+    paid: list[int] = []
 
     def pay(second: int) -> None:
+        paid.append(second)
         for partition, account in ((0, "ann"), (1, "bob")):
             amount = second + 0.5 * partition
             value = json.dumps(
@@ -91,36 +150,38 @@ def test_windowed_sum_is_exact_and_once_across_a_sigkill_and_restart(
         wait_while_running(
             lambda: len(_committed_rows(spark, output)) >= 2, 180, "first windows", first, log
         )
-        planned = _batches(checkpoint, "offsets")
-        for second in range(25, 40):
-            pay(second)
-        # Once a new batch is planned (logged, maybe running), kill the driver.
-        wait_while_running(
-            lambda: _batches(checkpoint, "offsets") > planned, 60, "a batch", first, log
+        caught = _kill_between_the_logs(
+            first, checkpoint, log, write, pay=pay, seconds=iter(range(25, 50))
         )
     finally:
         _kill_group(first)
-    for second in range(40, 60):
-        pay(second)
+    # It died between the two logs: batch `caught` is planned, not committed.
+    assert (checkpoint / "offsets" / str(caught)).is_file()
+    assert not (checkpoint / "commits" / str(caught)).exists()
+    plan = planned_batch(checkpoint, caught)
+    synthetic_row_ms = int(plan.slackwater_offset()["watermark"])
+    assert synthetic_row_ms > plan.watermark_ms
+    for later in range(paid[-1] + 1, 60):
+        pay(later)
     second_run = _start("windowed_sum.py", log, *arguments)
     try:
         write.marker(0, FINISHED)
         write.marker(1, FINISHED)
+        # A batch ran with Spark's watermark past the last window (FINISHED) and
+        # committed: every window is out and no state is left, the output is final.
         wait_while_running(
-            lambda: len(_committed_rows(spark, output)) >= len(expected),
+            lambda: ran_with_watermark(checkpoint, BASE_MS + 60_000),
             180,
-            "every window",
+            "a batch past every window",
             second_run,
             log,
         )
-        # Every planned batch committed: the query is idle and its output final.
-        wait_while_running(
-            lambda: _batches(checkpoint, "commits") == _batches(checkpoint, "offsets"),
-            60,
-            "every batch committed",
-            second_run,
-            log,
-        )
+        # The restart ran batch `caught` again from the logged plan, not a new one: the
+        # offset log is as the first run wrote it, and the watermark Spark took from the
+        # replayed batch's rows is the one the first run planned into its synthetic row.
+        assert planned_batch(checkpoint, caught).text == plan.text
+        assert next_watermark_ms(checkpoint, caught) == synthetic_row_ms
+        assert planned_batch(checkpoint, caught + 1).watermark_ms == synthetic_row_ms
         rows = _committed_rows(spark, output)
         seen = Counter((_seconds(r["window_start"]), r["account"]) for r in rows)
         assert all(count == 1 for count in seen.values()), seen  # each window once
