@@ -148,3 +148,14 @@ class ResettingEndpoint:
         self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
         self._server.close()
         self._thread.join(10)
+
+
+def json_shaped_bytes(*words: bytes) -> Any:
+    """A hypothesis strategy: bytes made of pieces of JSON (and ``words``), with what
+    breaks JSON parsers: numbers too long to parse, nesting too deep, non-finite numbers,
+    lone surrogates."""
+    from hypothesis import strategies as st
+
+    pieces = [b"{", b"}", b"[", b"]", b",", b":", b"1", b".", b"e", b"-", b"+", b"null"]
+    pieces += [b"9" * 4400, b"[" * 2000, b"1e400", b"NaN", b'"\\ud800"', *words]
+    return st.lists(st.sampled_from(pieces), max_size=30).map(b"".join)

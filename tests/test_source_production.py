@@ -318,7 +318,7 @@ def test_a_batch_planned_over_a_topic_deleted_before_it_is_read(
     topic, control, write = _setup(broker, new_topic, 1)
     write.data(0, *range(10))
     given = options(
-        broker.bootstrap_servers, topic, control, failOnDataLoss=str(fail_on_data_loss).lower()
+        broker.bootstrap_servers, topic, control, failOnDataLoss=_text(fail_on_data_loss)
     )
     driven = Driven.start(given)
     try:
@@ -345,7 +345,7 @@ def test_records_deleted_by_retention_before_they_are_read(
     topic, control, write = _setup(broker, new_topic, 1)
     write.data(0, *range(4))
     given = options(
-        broker.bootstrap_servers, topic, control, failOnDataLoss=str(fail_on_data_loss).lower()
+        broker.bootstrap_servers, topic, control, failOnDataLoss=_text(fail_on_data_loss)
     )
     driven = Driven.start(given)
     try:
@@ -372,7 +372,7 @@ def test_a_recreated_topic_starts_again_or_stops_the_query(
     topic, control, write = _setup(broker, new_topic, 1)
     write.data(0, *range(10))
     given = options(
-        broker.bootstrap_servers, topic, control, failOnDataLoss=str(fail_on_data_loss).lower()
+        broker.bootstrap_servers, topic, control, failOnDataLoss=_text(fail_on_data_loss)
     )
     driven = Driven.start(given)
     try:
@@ -391,6 +391,10 @@ def test_a_recreated_topic_starts_again_or_stops_the_query(
         assert driven.counter("offsets_went_back") == 1
     finally:
         driven.stop()
+
+
+def _text(flag: bool) -> str:
+    return str(flag).lower()
 
 
 def _created(admin: AdminClient, topic: str, partitions: int = 1) -> bool:
