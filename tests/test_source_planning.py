@@ -14,6 +14,7 @@ from spark_consumer.source import (
     _partition_batches,
     _ranges,
     _rate_limit,
+    _same_batch,
 )
 from spark_consumer.source_partitions import Progress
 
@@ -90,3 +91,24 @@ def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:
     # No event time (the watermark stays), data up to the range's last offset (an IDLE
     # inside it is contradicted: the partition stays ACTIVE).
     assert batches["t:1"] == PartitionBatch(4, None, 9, 10)
+
+
+def test_same_batch_only_when_the_plan_changes_nothing() -> None:
+    start = {
+        **_start({"t": {"0": 5}}, {"0": 2}),
+        "watermark": 7,
+        "aligner": {"partitions": [["t:0", "ACTIVE"]]},
+        "held": [],
+    }
+    same = {**start, "plan_id": "another"}
+    assert _same_batch(start, same)
+    for key, value in [
+        ("data", {"t": {"0": 6}}),
+        ("control", {"0": 3}),
+        ("watermark", 8),
+        ("aligner", {"partitions": [["t:0", "IDLE"]]}),
+        ("held", [{"topic": "t"}]),
+    ]:
+        assert not _same_batch(start, {**same, key: value}), key
+    # A range of the last batch still to account for is never "the same".
+    assert not _same_batch({**start, "from": {"t": {"0": 4}}}, same)
