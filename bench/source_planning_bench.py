@@ -4,9 +4,10 @@
 
 What ``latestOffset`` does besides its Kafka requests, on one synthetic batch where
 every partition read records: get the aligner/valve state of the previous offset, apply
-every partition's progress, snapshot the state into the new offset, and the JSON round
-trip Spark puts the offset through. "warm" is the steady state (the planner kept the
-state it returned last); "cold" restores it from the offset's JSON (a restart). Kafka's
+every partition's progress, snapshot the state into the new offset, encode it
+(``SourceOffset``, version 2), and the JSON round trip Spark puts the offset through.
+"warm" is the steady state (the planner kept the state it returned last); "cold"
+restores it from the offset's JSON (a restart). Kafka's
 part (ListOffsets of every partition, the progress and control reads) is measured on
 the broker by bench/pipeline_bench, not here. Best and median of 7 runs.
 """
@@ -19,36 +20,53 @@ import statistics
 import time
 
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from spark_consumer.source_offset import SourceOffset
 
 
 def channel_of(marker: object) -> str | None:
     return None
 
 
+def _offset(aligner: MarkerAligner, partitions: int, step: int) -> SourceOffset:
+    ends = {"orders": {str(p): 10 + step for p in range(partitions)}}
+    starts = {"orders": {str(p): 9 + step for p in range(partitions)}}
+    return SourceOffset(
+        data=ends,
+        data_from=starts,
+        control={"0": 0},
+        progress={"0": step * partitions},
+        watermark=aligner.valve.watermark,
+        late_threshold=aligner.valve.watermark,
+        status=aligner.valve.status.value,
+        aligner=aligner.snapshot(),
+    )
+
+
 def offset_for(partitions: int) -> dict[str, object]:
+    """The previous batch's offset as Spark hands it back (through its JSON log)."""
     aligner = MarkerAligner(None, 2_000, channel_of=channel_of)
     aligner.ensure_partitions(f"orders:{p}" for p in range(partitions))
     aligner.advance(
         {f"orders:{p}": PartitionBatch(10, 1_700_000_000_000 + p, 9, 10) for p in range(partitions)}
     )
-    document = {"aligner": aligner.snapshot()}
-    parsed: dict[str, object] = json.loads(json.dumps(document))
+    parsed: dict[str, object] = json.loads(json.dumps(_offset(aligner, partitions, 0).encode()))
     return parsed
 
 
 def plan_once(offset: dict[str, object], partitions: int, step: int, *, cold: bool) -> float:
-    snapshot = offset["aligner"]
-    assert isinstance(snapshot, dict)
-    warm = None if cold else MarkerAligner.restore(snapshot, channel_of=channel_of)
+    def restored() -> MarkerAligner:
+        return MarkerAligner.restore(SourceOffset.decode(offset).aligner, channel_of=channel_of)
+
+    warm = None if cold else restored()
     started = time.perf_counter()
-    aligner = warm or MarkerAligner.restore(snapshot, channel_of=channel_of)
+    aligner = warm or restored()
     aligner.advance(
         {
             f"orders:{p}": PartitionBatch(10, 1_700_000_000_000 + p + step, 9 + step, 10 + step)
             for p in range(partitions)
         }
     )
-    new_offset = {"aligner": aligner.snapshot()}
+    new_offset = _offset(aligner, partitions, step).encode()
     json.loads(json.dumps(new_offset))  # Spark writes the offset log and hands it back
     return (time.perf_counter() - started) * 1000
 

@@ -10,6 +10,10 @@ simulated here, since 10,000 reader tasks are Spark's part), then times one
 ``latestOffset``: the metadata request and ListOffsets round, the wait for and the read
 of every range's progress, the markers, the valve, the offset's JSON. The first round
 (no previous batch, nothing to wait for) is not counted. Median and max of --rounds.
+
+Also the offset's size as Spark logs it (pyspark's ``json.dumps`` of it), per partition,
+beside what Spark's own Kafka source logs for the same end offsets: its
+``KafkaSourceOffset``, ``{"topic":{"partition":offset,...}}`` in compact JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterStreamReader
+from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
 from spark_consumer.source_partitions import Progress, RangePartition
 
@@ -69,7 +74,7 @@ def _write_progress(
     assert producer.flush(120) == 0
 
 
-def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float, int]:
+def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float, int, int]:
     per_topic = min(partitions, 1_000)
     topics = [f"plan-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
     control = f"plan-ctl-{uuid.uuid4().hex[:8]}"
@@ -88,7 +93,7 @@ def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float,
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     start = reader.initialOffset()
     timings: list[float] = []
-    offset_bytes = 0
+    offset_bytes = sparks_bytes = 0
     for round_ in range(rounds + 1):
         _write_records(producer, topics, per_topic, round_)
         started = time.perf_counter()
@@ -97,11 +102,12 @@ def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float,
         if round_ > 0:
             timings.append(elapsed_ms)
         offset_bytes = len(json.dumps(end))
+        sparks_bytes = len(json.dumps(SourceOffset.decode(end).data, separators=(",", ":")))
         _write_progress(producer, reader, start, end)
         start = json.loads(json.dumps(end))  # Spark hands the offset back from its log
     reader.stop()
     admin.delete_topics([*topics, control, reader.options.progress_topic])
-    return statistics.median(timings), max(timings), offset_bytes
+    return statistics.median(timings), max(timings), offset_bytes, sparks_bytes
 
 
 def main() -> None:
@@ -109,11 +115,21 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", default=[1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    print(f"{'partitions':>10} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}", flush=True)
+    print(
+        f"{'partitions':>10} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}"
+        f" {'B/partition':>12} {'Spark Kafka B/p':>16} {'ratio':>6}",
+        flush=True,
+    )
     with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
         for partitions in args.partitions:
-            median_ms, max_ms, size = measure(broker.bootstrap_servers, partitions, args.rounds)
-            print(f"{partitions:>10,} {median_ms:>10.1f} {max_ms:>8.1f} {size / 1024:>11.0f}")
+            median_ms, max_ms, size, sparks = measure(
+                broker.bootstrap_servers, partitions, args.rounds
+            )
+            print(
+                f"{partitions:>10,} {median_ms:>10.1f} {max_ms:>8.1f} {size / 1024:>11.0f}"
+                f" {size / partitions:>12.1f} {sparks / partitions:>16.1f} {size / sparks:>6.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

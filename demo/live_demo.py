@@ -118,9 +118,9 @@ class DemoState:
                 if not offsets:
                     continue
                 offset = offsets[0]
-                self.valve_watermark_ms = int(offset["watermark"])
-                self.valve_status = str(offset["status"])
-                self.counters = dict(offset.get("counters", {}))
+                self.valve_watermark_ms = offset.watermark
+                self.valve_status = offset.status
+                self.counters = dict(offset.counters)
                 self.partitions = {
                     int(channel.rpartition(":")[2]): view
                     for channel, view in partitions_of(offset).items()

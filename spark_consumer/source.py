@@ -58,16 +58,20 @@ from slackwater import kafka_clients, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from spark_consumer.source_offset import (
+    OffsetFormatError,
+    Offsets,
+    SourceOffset,
+    ranges,
+)
 from spark_consumer.source_options import (
     EVENT_TIME,
     MAX_HELD_MARKERS,
-    OFFSET_VERSION,
     RETRIABLE_OFFSET_ERRORS,
     SCHEMA,
     SOURCE_NAME,
     WATERMARK_DELAY_METADATA,
     WATERMARK_DELAY_MS,
-    Offsets,
     SourceError,
     SourceOptions,
     channel,
@@ -95,6 +99,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 # How long a partition must be missing from the broker's metadata before it leaves.
 VANISHED_AFTER_S = 5.0
+# How often a planner waiting for progress asks whether the records it waits for are gone.
+_GONE_CHECK_INTERVAL_S = 2.0
 # What reading a topic that does not exist (any more) answers.
 _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -166,6 +172,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # (plan id, aligner) of the offset this planner returned last: the next call
         # usually starts from it and need not rebuild the state from JSON.
         self._cached: tuple[str, MarkerAligner] | None = None
+        # The offset it returned last, decoded (see _decoded).
+        self._last_offset: SourceOffset | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Executors get the options only: Kafka clients stay with the planner."""
@@ -326,33 +334,35 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             aligner=aligner,
             query=uuid.uuid4().hex,
         )
-        return _offset(
+        first = _offset(
             plan,
             from_data=data,
             planned=MIN_WATERMARK,
             late_threshold=MIN_WATERMARK,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
         )
+        return self._returned(first)
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+    def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        start = self._decoded(start_json)
         try:
             now = self._look()
         except KafkaException as error:
             self._unreachable(error)
-            return start  # no batch while the broker is away; the query keeps running
+            return start_json  # no batch while the broker is away; the query keeps running
         if _nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
-            return start  # the common idle trigger: no state to restore or write
+            return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 1. The previous batch's progress advances the channels' watermarks; its end
         #    offsets are now the read positions.
-        ranges = _ranges(start["from"], start["data"])
+        last_ranges = start.ranges()
         waited_from = time.monotonic()
-        progress = self._wait_for_progress(ranges, start, plan)
+        progress = self._wait_for_progress(last_ranges, start, plan)
         plan.progress_wait_ms = int((time.monotonic() - waited_from) * 1000)
         batch_ids = [seen.batch_id for seen in progress.values() if seen.batch_id is not None]
         start_batch_id = max(batch_ids) if batch_ids else None
         progress.pop(("", -1), None)
-        batch = _partition_batches(plan.data, ranges, progress)
+        batch = _partition_batches(plan.data, last_ranges, progress)
         for seen in progress.values():
             _count(plan, "records", seen.records)
             _count(plan, "records_late", seen.late)
@@ -378,17 +388,32 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             plan,
             from_data=plan.data,
             planned=planned,
-            late_threshold=int(start["watermark"]),
+            late_threshold=start.watermark,
             data=ends,
-            previous_threshold=int(start["late_threshold"]),
+            previous_threshold=start.late_threshold,
             previous_batch_id=start_batch_id,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
         )
         if _same_batch(start, offset):
-            self._cached = (start.get("plan_id", ""), plan.aligner)  # still start's state
-            return start  # nothing new: no batch
-        self._cached = (offset["plan_id"], plan.aligner)
-        return offset
+            self._cached = (start.plan_id, plan.aligner)  # still start's state
+            return start_json  # nothing new: no batch
+        self._cached = (offset.plan_id, plan.aligner)
+        return self._returned(offset)
+
+    def _decoded(self, raw: dict[str, Any]) -> SourceOffset:
+        """An offset Spark handed back; the one this planner returned last is not read
+        again (at 10,000 partitions, decoding is tens of milliseconds)."""
+        last = self._last_offset
+        if last is not None and raw.get("plan_id") == last.plan_id and last.plan_id:
+            return last
+        try:
+            return SourceOffset.decode(raw)
+        except OffsetFormatError as error:
+            raise SourceError(str(error)) from error
+
+    def _returned(self, offset: SourceOffset) -> dict[str, Any]:
+        self._last_offset = offset
+        return offset.encode()
 
     def _follow_partitions(
         self, plan: _Plan, now: _BrokerNow, batch: dict[Any, PartitionBatch]
@@ -537,14 +562,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
         return _BrokerNow(counts, frozenset(metadata.topics), latest, control_ends)
 
-    def _restore(self, offset: dict[str, Any]) -> _Plan:
-        if offset.get("v") != OFFSET_VERSION:
-            raise SourceError(f"unknown offset version {offset.get('v')!r} in the checkpoint")
+    def _restore(self, offset: SourceOffset) -> _Plan:
         cached = self._cached
-        if cached is not None and cached[0] == offset.get("plan_id"):
+        if cached is not None and cached[0] == offset.plan_id:
             aligner = cached[1]  # the state this planner left in that offset: no restore
         else:
-            aligner = MarkerAligner.restore(offset["aligner"], channel_of=self._channel_of)
+            aligner = MarkerAligner.restore(offset.aligner, channel_of=self._channel_of)
         if not self._planned:
             # This reader's first plan: the query (re)started from its checkpoint.
             aligner.restart_idle_clocks()
@@ -553,13 +576,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         self._cached = None  # mutated from here on
         return _Plan(
-            data={t: dict(p) for t, p in offset["data"].items()},
-            control=dict(offset["control"]),
-            progress=dict(offset["progress"]),
+            data={t: dict(p) for t, p in offset.data.items()},
+            control=dict(offset.control),
+            progress=dict(offset.progress),
             aligner=aligner,
-            counters=dict(offset.get("counters", {})),
-            held=list(offset.get("held", [])),
-            query=str(offset.get("query", "")),
+            counters=dict(offset.counters),
+            held=list(offset.held),
+            query=offset.query,
         )
 
     def _new_aligner(self) -> MarkerAligner:
@@ -703,7 +726,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     # ---------------------------------------------------------------- progress
 
     def _wait_for_progress(
-        self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
+        self, last_ranges: list[tuple[str, int, int, int]], start: SourceOffset, plan: _Plan
     ) -> dict[tuple[str, int], Progress]:
         """The progress records of the last batch's ranges (and of its synthetic row).
 
@@ -716,7 +739,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         """
         from confluent_kafka import TopicPartition
 
-        wanted = self._wanted_progress(ranges, start, plan)
+        wanted = self._wanted_progress(last_ranges, start, plan)
         if not wanted:
             return {}
         found: dict[tuple[str, int], Progress] = {}
@@ -728,7 +751,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
         deadline = time.monotonic() + self.options.progress_timeout_s
         at_end: set[int] = set()
-        gone_checked = False
+        # When to ask the broker whether the missing records are gone: at once when the
+        # consumer reports the end of every partition or a missing topic, else every
+        # few seconds (a consumer assigned to a topic that does not exist may report
+        # nothing at all).
+        next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
         try:
             while wanted:
                 if time.monotonic() > deadline:
@@ -741,37 +768,56 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 # consume() returns when it has num_messages or at the timeout: asking
                 # for what is still wanted returns as soon as it has come.
                 wanted_now = min(len(wanted), 10_000)
-                missing_topic = False
-                for message in consumer.consume(num_messages=wanted_now, timeout=0.2):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            at_end.add(message.partition())
-                            continue
-                        if error.code() in _MISSING_TOPIC_ERRORS:
-                            missing_topic = True
-                            continue
-                        raise SourceError(f"reading progress topic {topic}: {error}")
-                    at_end.discard(message.partition())
-                    plan.progress[str(message.partition())] = message.offset() + 1
-                    key = (message.key() or b"").decode(errors="replace")
-                    where = wanted.pop(key, None)
-                    if where is not None:
-                        try:
-                            found[where] = Progress.decode(message.value())
-                        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
-                            # Not a reader's record (nothing of ours writes this): skipped,
-                            # counted; the reader's own record is still awaited.
-                            _count(plan, "progress_malformed")
-                            wanted[key] = where
-                if wanted and not gone_checked and (missing_topic or at_end >= set(positions)):
-                    gone_checked = True
-                    if self._progress_gone(positions):
+                messages = consumer.consume(num_messages=wanted_now, timeout=0.2)
+                missing_topic = self._take_progress(messages, wanted, found, plan, at_end)
+                reported = missing_topic or at_end >= set(positions)
+                if wanted and (reported or time.monotonic() >= next_gone_check):
+                    next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
+                    read_again_from = self._progress_gone(positions)
+                    if read_again_from is not None:
+                        # Later batches' progress is written from there on: read it.
+                        plan.progress = {str(p): o for p, o in read_again_from.items()}
                         _count(plan, "progress_lost", len(wanted))
                         break
+                    at_end.clear()  # the next check waits for new reports or the interval
         finally:
             consumer.unassign()
         return found
+
+    def _take_progress(
+        self,
+        messages: list[Any],
+        wanted: dict[str, tuple[str, int]],
+        found: dict[tuple[str, int], Progress],
+        plan: _Plan,
+        at_end: set[int],
+    ) -> bool:
+        """Takes the wanted records among ``messages`` (from ``wanted`` into ``found``);
+        notes the partitions read to their end; True if the topic was reported missing."""
+        missing_topic = False
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    continue
+                if error.code() in _MISSING_TOPIC_ERRORS:
+                    missing_topic = True
+                    continue
+                raise SourceError(f"reading progress topic {self.options.progress_topic}: {error}")
+            at_end.discard(message.partition())
+            plan.progress[str(message.partition())] = message.offset() + 1
+            key = (message.key() or b"").decode(errors="replace")
+            where = wanted.pop(key, None)
+            if where is not None:
+                try:
+                    found[where] = Progress.decode(message.value())
+                except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
+                    # Not a reader's record (nothing of ours writes this): skipped, counted;
+                    # the reader's own record is still awaited.
+                    _count(plan, "progress_malformed")
+                    wanted[key] = where
+        return missing_topic
 
     def _progress_positions(self, plan: _Plan) -> dict[int, int]:
         """Every partition of the progress topic, from where the last plan stopped (from
@@ -788,10 +834,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return positions
 
     def _wanted_progress(
-        self, ranges: list[tuple[str, int, int, int]], start: dict[str, Any], plan: _Plan
+        self, last_ranges: list[tuple[str, int, int, int]], start: SourceOffset, plan: _Plan
     ) -> dict[str, tuple[str, int]]:
         """The progress keys of the last batch, each with its partition."""
-        threshold = int(start["late_threshold"])
+        threshold = start.late_threshold
         wanted: dict[str, tuple[str, int]] = {
             progress_key(
                 query=plan.query,
@@ -802,28 +848,31 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 late_threshold_ms=threshold,
                 event_time=self._event_time_name(),
             ): (t, p)
-            for t, p, a, b in ranges
+            for t, p, a, b in last_ranges
         }
-        if int(start["watermark"]) > MIN_WATERMARK and "previous_threshold" in start:
+        if start.watermark > MIN_WATERMARK and start.previous_threshold is not None:
             # The batch's synthetic task reports Spark's batch id (ranges do too); an
-            # offset planned before it did (no "previous_threshold") has no such record.
-            wanted[synthetic_progress_key(str(start["plan_id"]))] = ("", -1)
+            # offset planned before it did (no previous threshold) has no such record.
+            wanted[synthetic_progress_key(start.plan_id)] = ("", -1)
         return wanted
 
-    def _progress_gone(self, positions: dict[int, int]) -> bool:
-        """Whether records after the plan's positions on the progress topic were deleted
-        (retention, DeleteRecords), or the topic re-created or missing (then made again)."""
-        if self._progress_records_gone(positions):
+    def _progress_gone(self, positions: dict[int, int]) -> dict[int, int] | None:
+        """Whether records after the plan's positions on the progress topic are gone, and
+        if so where to read it from now on: deleted (retention, DeleteRecords: the log
+        starts past the position), or the topic re-created (its log ends before the
+        position) or missing (then made again, read from its beginning: ``{}``). None
+        while they may still come."""
+        read_again_from = self._progress_read_again_from(positions)
+        if read_again_from is not None:
             log.warning(
                 "progress of the last batch is gone from %s (its retention passed while the "
-                "query was down?): read as unknown, which can hold the watermark back, "
-                "never make a row late",
+                "query was down, or the topic was re-created?): read as unknown, which can "
+                "hold the watermark back, never make a row late",
                 self.options.progress_topic,
             )
-            return True
-        return False
+        return read_again_from
 
-    def _progress_records_gone(self, positions: dict[int, int]) -> bool:
+    def _progress_read_again_from(self, positions: dict[int, int]) -> dict[int, int] | None:
         topic = self.options.progress_topic
         metadata = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
         described = metadata.topics.get(topic)
@@ -832,36 +881,41 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             and described.error is not None
             and described.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
         ):
-            return False  # the broker cannot tell now: the wait goes on
+            return None  # the broker cannot tell now: the wait goes on
         if described is None or described.error is not None:
             self._ensure_progress_topic()
-            return True
+            return {}
         partitions = [(topic, p) for p in described.partitions]
         earliest = self._list_offsets(partitions, "earliest", wait_for_all=True)
         latest = self._list_offsets(partitions, "latest", wait_for_all=True)
-        for _, partition in partitions:
-            position = max(0, positions.get(partition, 0))
-            if earliest[(topic, partition)] > position or latest[(topic, partition)] < position:
-                return True
-        return False
+        if any(
+            earliest[(topic, p)] > max(0, positions.get(p, 0))
+            or latest[(topic, p)] < max(0, positions.get(p, 0))
+            for _, p in partitions
+        ):
+            return {p: earliest[(topic, p)] for _, p in partitions}
+        return None
 
     def _event_time_name(self) -> str:
         return self.options.event_time_field or "timestamp"
 
     # ---------------------------------------------------------------- planning
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        threshold = int(end["late_threshold"])  # == start["watermark"]
-        previous = int(end.get("previous_threshold", threshold))
-        previous_batch_id = end.get("previous_batch_id")
-        query = str(end.get("query", ""))
+    def partitions(
+        self, start: dict[str, Any], end_json: dict[str, Any]
+    ) -> Sequence[InputPartition]:
+        end = self._decoded(end_json)
+        threshold = end.late_threshold  # == start's watermark
+        previous = threshold if end.previous_threshold is None else end.previous_threshold
+        previous_batch_id = end.previous_batch_id
+        query = end.query
         if not self._progress_topic_checked:
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
             with contextlib.suppress(KafkaException):
                 self._ensure_progress_topic()
             self._progress_topic_checked = True
-        latest_event_ms = end.get("latest_event_ms")
+        latest_event_ms = end.latest_event_ms
         result: list[InputPartition] = [
             RangePartition(
                 topic,
@@ -874,15 +928,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 query=query,
                 latest_event_ms=latest_event_ms,
             )
-            for topic, partition, begin, finish in _ranges(end["from"], end["data"])
+            for topic, partition, begin, finish in end.ranges()
         ]
-        planned = int(end["watermark"])
+        planned = end.watermark
         if planned > MIN_WATERMARK:
             result.append(
                 SyntheticPartition(
                     min(planned, self.options.max_planned_watermark_ms),
                     self.options.watermark_delay_ms,
-                    synthetic_progress_key(str(end.get("plan_id", ""))),
+                    synthetic_progress_key(end.plan_id),
                 )
             )
         return result
@@ -923,39 +977,30 @@ def _offset(
     previous_threshold: int = MIN_WATERMARK,
     previous_batch_id: int | None = None,
     max_event_time_ahead_ms: int | None = None,
-) -> dict[str, Any]:
-    """One batch's offset: its data ranges (``from`` -> ``data``), the positions read on
-    the control and progress topics, the watermark planned into its synthetic row, the
-    watermark Spark applies while it runs (``late_threshold``: the previous batch's plan),
-    and the aligner/valve state after planning."""
+) -> SourceOffset:
+    """One batch's offset, from the plan (``SourceOffset`` says what each part is for)."""
     latest_event_ms = (
         None
         if max_event_time_ahead_ms is None
         else time.time_ns() // 10**6 + max_event_time_ahead_ms
     )
-    return {
-        "v": OFFSET_VERSION,
-        "plan_id": uuid.uuid4().hex,
-        "query": plan.query,
-        # The newest event time the batch's records may carry (maxEventTimeAhead past
-        # the planning clock), logged so that a replay of the batch judges them the same.
-        "latest_event_ms": latest_event_ms,
-        "data": data if data is not None else plan.data,
-        "from": {t: dict(p) for t, p in from_data.items()},
-        "control": dict(plan.control),
-        "progress": dict(plan.progress),
-        "watermark": planned,
-        "late_threshold": late_threshold,
-        # What the readers need to tell the watermark Spark judges late rows by: the
-        # previous batch's threshold and Spark's id of that batch (late_events_watermark).
-        "previous_threshold": previous_threshold,
-        "previous_batch_id": previous_batch_id,
-        "status": plan.aligner.valve.status.value,
-        "counters": dict(plan.counters),
-        "progress_wait_ms": plan.progress_wait_ms,
-        "held": list(plan.held),
-        "aligner": plan.aligner.snapshot(),
-    }
+    return SourceOffset(
+        query=plan.query,
+        latest_event_ms=latest_event_ms,
+        data=data if data is not None else plan.data,
+        data_from={t: dict(p) for t, p in from_data.items()},
+        control=dict(plan.control),
+        progress=dict(plan.progress),
+        watermark=planned,
+        late_threshold=late_threshold,
+        previous_threshold=previous_threshold,
+        previous_batch_id=previous_batch_id,
+        status=plan.aligner.valve.status.value,
+        counters=dict(plan.counters),
+        progress_wait_ms=plan.progress_wait_ms,
+        held=list(plan.held),
+        aligner=plan.aligner.snapshot(),
+    )
 
 
 @dataclass(frozen=True)
@@ -968,12 +1013,12 @@ class _BrokerNow:
     control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
 
 
-def _nothing_new_since(start: dict[str, Any], now: _BrokerNow) -> bool:
+def _nothing_new_since(start: SourceOffset, now: _BrokerNow) -> bool:
     """No range to account for, no new record on the data or control topics, no new
     partition: planning would return ``start``."""
-    if start["from"] != start["data"]:
+    if start.data_from != start.data:
         return False
-    known = start["data"]
+    known = start.data
     if now.counts.keys() != known.keys() or any(len(known[t]) != n for t, n in now.counts.items()):
         return False
     if any(
@@ -982,24 +1027,24 @@ def _nothing_new_since(start: dict[str, Any], now: _BrokerNow) -> bool:
         for p in range(n)
     ):
         return False  # new records, or offsets that went back
-    return bool(now.control_ends.items() <= start["control"].items())
+    return bool(now.control_ends.items() <= start.control.items())
 
 
-def _same_batch(start: dict[str, Any], offset: dict[str, Any]) -> bool:
+def _same_batch(start: SourceOffset, offset: SourceOffset) -> bool:
     """True when the new offset would plan an empty batch that changes nothing."""
-    return bool(
-        offset["data"] == start["data"]
-        and start["from"] == start["data"]
-        and offset["control"] == start["control"]
-        and offset["watermark"] == start["watermark"]
-        and offset["aligner"] == start["aligner"]
-        and offset["held"] == start.get("held", [])
+    return (
+        offset.data == start.data
+        and start.data_from == start.data
+        and offset.control == start.control
+        and offset.watermark == start.watermark
+        and offset.held == start.held
+        and offset.same_state(start)
     )
 
 
 def _partition_batches(
     data: Offsets,
-    ranges: list[tuple[str, int, int, int]],
+    last_ranges: list[tuple[str, int, int, int]],
     progress: dict[tuple[str, int], Progress],
 ) -> dict[Any, PartitionBatch]:
     """What the last batch read of each partition, for the aligner.
@@ -1011,8 +1056,8 @@ def _partition_batches(
     progress can hold the watermark back, never make a record late.
     """
     lost = (
-        {(t, p): (a, b) for t, p, a, b in ranges if (t, p) not in progress}
-        if len(progress) < len(ranges)
+        {(t, p): (a, b) for t, p, a, b in last_ranges if (t, p) not in progress}
+        if len(progress) < len(last_ranges)
         else {}
     )
     batch: dict[Any, PartitionBatch] = {}
@@ -1039,25 +1084,14 @@ def _count(plan: _Plan, counter: str, amount: int = 1) -> None:
     plan.counters[counter] = plan.counters.get(counter, 0) + amount
 
 
-def _ranges(begin: Offsets, end: Offsets) -> list[tuple[str, int, int, int]]:
-    """Non-empty ``[start, end)`` per partition, in topic and partition order."""
-    result = []
-    for topic in sorted(end):
-        for partition, finish in sorted(end[topic].items(), key=lambda kv: int(kv[0])):
-            start = begin.get(topic, {}).get(partition, finish)
-            if finish > start:
-                result.append((topic, int(partition), int(start), int(finish)))
-    return result
-
-
 def _rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
     """At most ``max_records`` in all, shared in proportion to what each partition has."""
-    ranges = _ranges(begin, end)
-    total = sum(b - a for _, _, a, b in ranges)
+    batch_ranges = ranges(begin, end)
+    total = sum(b - a for _, _, a, b in batch_ranges)
     if total <= max_records:
         return end
     limited = {t: dict(p) for t, p in end.items()}
-    for topic, partition, a, b in ranges:
+    for topic, partition, a, b in batch_ranges:
         share = max(1, (b - a) * max_records // total)
         limited[topic][str(partition)] = min(b, a + share)
     return limited

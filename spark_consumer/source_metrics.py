@@ -11,6 +11,7 @@ second channel from the planner. Listed in docs/metrics.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.http_server import MetricsServer
 from slackwater.markers import MarkerStatus
+from spark_consumer.source_offset import OffsetFormatError, SourceOffset
 from spark_consumer.valve import WatermarkStatus
 
 PREFIX = "slackwater_source_"
@@ -29,12 +31,12 @@ PREFIX = "slackwater_source_"
 Queries = Callable[[], list[StreamingQuery]]
 
 
-def source_offsets(query: StreamingQuery) -> list[dict[str, Any]]:
+def source_offsets(query: StreamingQuery) -> list[SourceOffset]:
     """The last planned offset of every slackwater source in the query."""
     return offsets_in(query.lastProgress)
 
 
-def offsets_in(progress: Any) -> list[dict[str, Any]]:
+def offsets_in(progress: Any) -> list[SourceOffset]:
     """The planned offset of every slackwater source in one progress report."""
     if not progress:
         return []
@@ -47,19 +49,17 @@ def offsets_in(progress: Any) -> list[dict[str, Any]]:
             except ValueError:
                 continue
         if isinstance(end, dict) and "aligner" in end and "watermark" in end:
-            offsets.append(end)
+            with contextlib.suppress(OffsetFormatError):
+                offsets.append(SourceOffset.decode(end))
     return offsets
 
 
-def partitions_of(offset: dict[str, Any]) -> dict[str, tuple[str, int]]:
+def partitions_of(offset: SourceOffset) -> dict[str, tuple[str, int]]:
     """{"topic:partition": (its status at the source, its watermark ms)} in an offset."""
-    watermarks = {
-        channel: watermark
-        for channel, watermark, _status, _aligned in offset["aligner"]["valve"]["channels"]
-    }
+    watermarks = offset.channel_watermarks()
     return {
-        str(channel): (str(status), int(watermarks.get(channel, 0)))
-        for channel, status, *_ in offset["aligner"]["partitions"]
+        channel: (status, watermarks.get(channel, 0))
+        for channel, status in offset.statuses().items()
     }
 
 
@@ -130,11 +130,11 @@ class SourceCollector(Collector):
                     partition_status=partition_status,
                     partition_watermark=partition_watermark,
                 )
-                aligner = offset["aligner"]
+                aligner = offset.aligner
                 pending.add_metric([name], sum(len(row[-1]) for row in aligner["partitions"]))
-                progress_wait.add_metric([name], offset.get("progress_wait_ms", 0) / 1000)
-                held.add_metric([name], len(offset.get("held", [])))
-                values = {**offset.get("counters", {}), **aligner["counters"]}
+                progress_wait.add_metric([name], offset.progress_wait_ms / 1000)
+                held.add_metric([name], len(offset.held))
+                values = {**offset.counters, **aligner["counters"]}
                 for key, family in counters.items():
                     family.add_metric([name], float(values.get(key, 0)))
                 for reason, count in aligner["counters"]["markers_rejected"].items():
@@ -147,7 +147,7 @@ class SourceCollector(Collector):
 
     @staticmethod
     def _add(
-        offset: dict[str, Any],
+        offset: SourceOffset,
         name: str,
         *,
         watermark: GaugeMetricFamily,
@@ -155,9 +155,9 @@ class SourceCollector(Collector):
         partition_status: GaugeMetricFamily,
         partition_watermark: GaugeMetricFamily,
     ) -> None:
-        watermark.add_metric([name], float(offset["watermark"]))
+        watermark.add_metric([name], float(offset.watermark))
         for candidate in WatermarkStatus:
-            status.add_metric([name, candidate.value], float(candidate.value == offset["status"]))
+            status.add_metric([name, candidate.value], float(candidate.value == offset.status))
         for channel, (partition_state, channel_watermark) in partitions_of(offset).items():
             topic, _, partition = channel.rpartition(":")
             for marker_status in MarkerStatus:

@@ -34,7 +34,6 @@ WATERMARK_DELAY_MS = WATERMARK_DELAY_DAYS * 86_400_000
 WATERMARK_DELAY_METADATA = "slackwater.watermarkDelayMs"
 EVENT_TIME = "event_time"
 LATE = "late"
-OFFSET_VERSION = 1
 # Markers for partitions the broker does not list, kept until the partition appears.
 MAX_HELD_MARKERS = 1_000
 # The progress topic's retention.ms when the source creates it (option progressRetention):
@@ -113,8 +112,6 @@ _CONSUMER_ONLY = (
     "queued.",
     "check.crcs",
 )
-
-Offsets = dict[str, dict[str, int]]
 
 
 def _retriable_offset_errors() -> frozenset[int]:

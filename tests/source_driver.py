@@ -19,6 +19,7 @@ from typing import Any
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from spark_consumer.source import SlackwaterStreamReader
+from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
 
 
@@ -80,7 +81,7 @@ class Driven:
         return self.run(end)
 
     def statuses(self) -> dict[str, str]:
-        return {row[0]: row[1] for row in self.offset["aligner"]["partitions"]}
+        return SourceOffset.decode(self.offset).statuses()
 
     def counter(self, name: str) -> int:
         return int(self.offset["counters"].get(name, 0))

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
+from spark_consumer.source_offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import frozen, wait_while_running
@@ -32,13 +33,18 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FINISHED = MarkerStatus.FINISHED
 
 
+# As `spark-submit --conf ...` would set it: Spark's default of 200 shuffle partitions
+# makes every batch of a stateful example 200 tasks, slow on a 2-core machine.
+SUBMIT_ARGS = "--conf spark.sql.shuffle.partitions=4 pyspark-shell"
+
+
 def _start(script: str, log: Path, *arguments: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(EXAMPLES / script), *arguments],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: SIGKILL takes Spark's JVM too
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS},
     )
 
 
@@ -75,7 +81,9 @@ def _caught_up(checkpoint: Path, write: Writer) -> bool:
     newest = max(batch_ids(checkpoint, "offsets"), default=-1)
     if newest < 0 or newest not in batch_ids(checkpoint, "commits"):
         return False
-    planned = planned_batch(checkpoint, newest).slackwater_offset()["data"][write.topic]
+    planned = SourceOffset.decode(planned_batch(checkpoint, newest).slackwater_offset()).data[
+        write.topic
+    ]
     return bool(planned == {str(p): end for p, end in write.log_end.items()})
 
 

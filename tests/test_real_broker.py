@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
 from emitter.control_topic import ControlTopicReader
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import ControlRecord, MarkerStatus
+from spark_consumer.source_offset import SourceOffset
 from tests.conftest import TEST_BROKER_SETTINGS, EmitterFactory, TopicFactory
 from tests.emitter_harness import (
     RunningEmitter,
@@ -358,16 +359,16 @@ def test_partitions_added_while_spark_reads_join_the_valve(
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
         write = Writer(broker.bootstrap_servers, topic, control)  # a producer that knows p2
         write.data(2, *range(12, 21))  # p2 starts above the output watermark: it aligns
-        wait_until(lambda: len(job.source_offset()["aligner"]["partitions"]) == 4, 60, "4 channels")
+        wait_until(
+            lambda: len(SourceOffset.decode(job.source_offset()).statuses()) == 4, 60, "4 channels"
+        )
         job.settle()
         assert job.source_offset()["watermark"] == BASE_MS + 9_000  # p0 and p1 still hold it
         for partition in (0, 1):
             write.data(partition, *range(11, 31))
         job.settle()
         offset = job.source_offset()
-        assert [row[0] for row in offset["aligner"]["partitions"]] == [
-            f"{topic}:{p}" for p in range(4)
-        ]
+        assert list(SourceOffset.decode(offset).statuses()) == [f"{topic}:{p}" for p in range(4)]
         # p2 (newest 20 s) holds the min; p3, empty and unaligned at MIN, holds nothing.
         assert offset["watermark"] == BASE_MS + 19_000
         assert offset["counters"].get("records_late", 0) == 0

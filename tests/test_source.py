@@ -3,6 +3,7 @@ Spark's own window aggregation on the valve's watermark."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from spark_consumer.source import (
     with_valve_watermark,
 )
 from spark_consumer.source_metrics import partitions_of, serve_source_metrics
+from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
 from tests.conftest import TopicFactory
 from tests.factories import scrape_metrics
@@ -225,7 +227,7 @@ def test_marker_for_a_partition_the_broker_does_not_list_neither_stalls_nor_is_l
         offset = job.source_offset()
         # No channel for partition 3: the valve is the min of the two real ones.
         assert offset["watermark"] == BASE_MS + 10_000
-        assert [row[0] for row in offset["aligner"]["partitions"]] == [f"{topic}:0", f"{topic}:1"]
+        assert list(SourceOffset.decode(offset).statuses()) == [f"{topic}:0", f"{topic}:1"]
         assert len(offset["held"]) == 1
         assert offset["counters"]["control_tombstones"] == 1
         assert "control_malformed" not in offset["counters"]
@@ -239,7 +241,7 @@ def test_marker_for_a_partition_the_broker_does_not_list_neither_stalls_nor_is_l
         offset = job.source_offset()
         # Partition 3 appeared: its held FINISHED joined it; the valve ignores it.
         assert offset["held"] == []
-        statuses = {row[0]: row[1] for row in offset["aligner"]["partitions"]}
+        statuses = SourceOffset.decode(offset).statuses()
         assert statuses[f"{topic}:3"] == "FINISHED"
         assert offset["watermark"] == BASE_MS + 28_000
     finally:
@@ -268,7 +270,7 @@ def test_subscribe_pattern_and_max_offsets_per_trigger(
     try:
         job.settle()
         offset = job.source_offset()
-        assert sorted(offset["data"]) == sorted([first, second])
+        assert sorted(SourceOffset.decode(offset).data) == sorted([first, second])
         assert offset["watermark"] == BASE_MS + 18_000
         # At most 10 records per batch (plus the synthetic row), and nothing lost.
         rows_per_batch = [p["numInputRows"] for p in job.query.recentProgress]
@@ -312,7 +314,10 @@ def test_consumer_idle_timeout_idles_a_silent_partition_without_an_emitter(
         # Data on the idled partition makes it ACTIVE again (data beats the timeout).
         write.data(1, 22)
         job.settle()
-        statuses = {c: status for c, (status, _) in partitions_of(job.source_offset()).items()}
+        statuses = {
+            c: status
+            for c, (status, _) in partitions_of(SourceOffset.decode(job.source_offset())).items()
+        }
         assert statuses[f"{topic}:1"] == "ACTIVE"
     finally:
         job.stop()
@@ -336,7 +341,10 @@ def test_progress_that_never_comes_is_one_clear_error(
     try:
         start = reader.initialOffset()
         # As if a batch had read [0, 5) of partition 0 but no reader reported it.
-        start = {**start, "from": {topic: {"0": 0}}, "data": {topic: {"0": 5}}}
+        planned = SourceOffset.decode(start)
+        start = dataclasses.replace(
+            planned, data_from={topic: {"0": 0}}, data={topic: {"0": 5}}, plan_id=uuid.uuid4().hex
+        ).encode()
         with pytest.raises(SourceError, match=rf"no progress after 2s .*{topic}:0:0-5"):
             reader.latestOffset(start, ReadAllAvailable())
     finally:

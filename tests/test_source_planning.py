@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_consumer.alignment import PartitionBatch
+from slackwater.markers import MarkerStatus
+from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.source import (
     _BrokerNow,
     _nothing_new_since,
     _partition_batches,
-    _ranges,
     _rate_limit,
     _same_batch,
 )
+from spark_consumer.source_offset import SourceOffset, ranges
 from spark_consumer.source_partitions import Progress
 
 
-def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> Any:
-    return {"from": data, "data": data, "control": control or {}}
+def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> SourceOffset:
+    """An offset with no range left to account for (the batch read ``data`` whole)."""
+    aligner = MarkerAligner(None, 0, [f"{t}:{p}" for t in data for p in data[t]])
+    return SourceOffset(
+        data=data,
+        data_from=data,
+        control=control or {},
+        progress={},
+        watermark=7,
+        late_threshold=0,
+        status="ACTIVE",
+        aligner=aligner.snapshot(),
+    )
 
 
 def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> _BrokerNow:
@@ -34,7 +47,7 @@ def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
     begin = {"b": {"0": 5}, "a": {"10": 0, "2": 3}}
     end = {"b": {"0": 5}, "a": {"10": 4, "2": 7}, "c": {"0": 9}}
     # c has no begin: it starts where it ends (a partition just seen reads nothing yet).
-    assert _ranges(begin, end) == [("a", 2, 3, 7), ("a", 10, 0, 4)]
+    assert ranges(begin, end) == [("a", 2, 3, 7), ("a", 10, 0, 4)]
 
 
 def test_rate_limit_shares_in_proportion_and_never_takes_nothing() -> None:
@@ -78,7 +91,8 @@ def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
     )
     # A range of the last batch still to account for.
     assert not _nothing_new_since(
-        {**start, "from": {"t": {"0": 4, "1": 3}}}, _now({("t", 0): 5, ("t", 1): 3}, {"0": 2})
+        dataclasses.replace(start, data_from={"t": {"0": 4, "1": 3}}),
+        _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}),
     )
 
 
@@ -94,21 +108,19 @@ def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:
 
 
 def test_same_batch_only_when_the_plan_changes_nothing() -> None:
-    start = {
-        **_start({"t": {"0": 5}}, {"0": 2}),
-        "watermark": 7,
-        "aligner": {"partitions": [["t:0", "ACTIVE"]]},
-        "held": [],
-    }
-    same = {**start, "plan_id": "another"}
+    start = _start({"t": {"0": 5}}, {"0": 2})
+    same = dataclasses.replace(start, plan_id="another")
     assert _same_batch(start, same)
-    for key, value in [
-        ("data", {"t": {"0": 6}}),
-        ("control", {"0": 3}),
-        ("watermark", 8),
-        ("aligner", {"partitions": [["t:0", "IDLE"]]}),
-        ("held", [{"topic": "t"}]),
-    ]:
-        assert not _same_batch(start, {**same, key: value}), key
+    idle = MarkerAligner.restore(start.aligner)
+    idle.partitions["t:0"].status = MarkerStatus.IDLE
+    changes: list[dict[str, Any]] = [
+        {"data": {"t": {"0": 6}}},
+        {"control": {"0": 3}},
+        {"watermark": 8},
+        {"aligner": idle.snapshot()},
+        {"held": [{"topic": "t"}]},
+    ]
+    for change in changes:
+        assert not _same_batch(start, dataclasses.replace(same, **change)), change
     # A range of the last batch still to account for is never "the same".
-    assert not _same_batch({**start, "from": {"t": {"0": 4}}}, same)
+    assert not _same_batch(dataclasses.replace(start, data_from={"t": {"0": 4}}), same)

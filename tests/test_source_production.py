@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.source import SlackwaterStreamReader, SourceError
+from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import PROGRESS_RETENTION_MS
 from tests.conftest import TopicFactory
 from tests.factories import wait_until
@@ -285,6 +286,36 @@ def test_a_restart_after_the_progress_records_are_gone_plans_at_once(
         restarted.stop()
 
 
+def test_a_restart_after_the_progress_topic_was_deleted_reads_the_new_one_from_its_start(
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient
+) -> None:
+    """The progress topic deleted while the query was down (an operator's clean-up, a
+    topic retention policy): it is made again, and the next batch's progress, written
+    at offsets below the old position, is read, not waited for until the query fails."""
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    given = options(broker.bootstrap_servers, topic, control)
+    driven = Driven.start(given)
+    try:
+        driven.step()  # batch 1 reads [0, 10): its progress is at offsets 0-1
+        write.data(0, *range(10, 15))
+        driven.step()  # batch 2 reads [10, 15): the plan read the progress topic to 2-3
+        checkpoint = driven.offset
+    finally:
+        driven.stop()
+    _delete_topic(admin, f"{control}.progress")
+    restarted = Driven.restart(given, checkpoint)
+    try:
+        restarted.step()  # batch 2's progress is gone: unknown; the topic is made again
+        assert restarted.counter("progress_lost") >= 1
+        write.data(0, 20)
+        restarted.step()  # batch 4's progress is at offset 0 of the new topic
+        restarted.step()
+        assert restarted.offset["watermark"] == BASE_MS + 19_000
+    finally:
+        restarted.stop()
+
+
 # ------------------------------------------------------------ 6, 7. deleted topics, lost data
 
 
@@ -305,7 +336,7 @@ def test_a_deleted_topic_leaves_the_valve_as_finished(
         # it leaves once missing for a while and a request for it says it does not exist.
         _step_until(driven, lambda: driven.counter("partitions_deleted") == 1, "the deletion")
         assert driven.statuses()[f"{behind}:0"] == "FINISHED"
-        assert sorted(driven.offset["data"]) == [ahead]
+        assert sorted(SourceOffset.decode(driven.offset).data) == [ahead]
         assert driven.offset["watermark"] == BASE_MS + 18_000
     finally:
         driven.stop()
