@@ -5,8 +5,8 @@ batch, by partitions: the Kafka requests included.
 
 Topics of 1,000 partitions each on the launcher's single-node Kafka. Each round
 writes one record to every partition, then what the readers of the previous batch
-would have written to the progress topic (one record per range, as ``read`` does:
-simulated here, since 10,000 reader tasks are Spark's part), then times one
+would have written to the progress topic (one record per task, as ``read`` does:
+simulated here, since the reader tasks are Spark's part), then times one
 ``latestOffset``: the metadata request and ListOffsets round, the wait for and the read
 of every range's progress, the markers, the valve, the offset's JSON. The first round
 (no previous batch, nothing to wait for) is not counted. Median and max of --rounds.
@@ -32,7 +32,7 @@ from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterStreamReader
 from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
-from spark_consumer.source_partitions import Progress, RangePartition
+from spark_consumer.source_partitions import Progress, TaskPartition
 
 
 def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:
@@ -60,17 +60,21 @@ def _write_progress(
 ) -> None:
     """What each reader task of the batch (start, end] writes when it finishes."""
     for split in reader.partitions(start, end):
-        if not isinstance(split, RangePartition):
+        if not isinstance(split, TaskPartition):
             continue
         key = split.progress_key("timestamp")
-        progress = Progress(
-            records=split.end - split.start,
-            max_event_time_ms=1_700_000_000_000,
-            max_offset=split.end - 1,
-            late=0,
-            unreadable=0,
-        )
-        producer.produce(reader.options.progress_topic, key=key, value=progress.encode())
+        progress = [
+            Progress(
+                records=finish - begin,
+                max_event_time_ms=1_700_000_000_000,
+                max_offset=finish - 1,
+                late=0,
+                unreadable=0,
+            )
+            for _, _, begin, finish in split.ranges
+        ]
+        value = split.encode_progress(progress, None)
+        producer.produce(reader.options.progress_topic, key=key, value=value)
     assert producer.flush(120) == 0
 
 

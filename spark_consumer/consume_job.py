@@ -26,7 +26,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.source import SOURCE_NAME, SlackwaterKafkaSource, with_valve_watermark
+from spark_consumer.source import (
+    SOURCE_NAME,
+    SlackwaterKafkaSource,
+    task_options,
+    with_valve_watermark,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +149,7 @@ def events(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
     """The data topics through the source, with the valve's watermark applied."""
     spark.dataSource.register(SlackwaterKafkaSource)
     reader = spark.readStream.format(SOURCE_NAME).options(**source_options(config))
+    reader = reader.options(**task_options(spark))
     return with_valve_watermark(reader.load())
 
 

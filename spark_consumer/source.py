@@ -78,11 +78,11 @@ from spark_consumer.source_options import (
 )
 from spark_consumer.source_partitions import (
     Progress,
-    RangePartition,
     SyntheticPartition,
-    progress_key,
+    TaskPartition,
+    group_ranges,
 )
-from spark_consumer.source_readers import read_range, read_synthetic, synthetic_progress_key
+from spark_consumer.source_readers import read_synthetic, read_task, synthetic_progress_key
 from spark_consumer.valve import MIN_WATERMARK
 
 # The source's public names; the rest lives in source_options, source_partitions and
@@ -93,6 +93,7 @@ __all__ = [
     "SlackwaterStreamReader",
     "SourceError",
     "read_stream",
+    "task_options",
     "with_valve_watermark",
 ]
 
@@ -340,6 +341,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             planned=MIN_WATERMARK,
             late_threshold=MIN_WATERMARK,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
+            tasks=self.options.tasks_per_batch,
         )
         return self._returned(first)
 
@@ -357,7 +359,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         #    offsets are now the read positions.
         last_ranges = start.ranges()
         waited_from = time.monotonic()
-        progress = self._wait_for_progress(last_ranges, start, plan)
+        progress = self._wait_for_progress(start, plan)
         plan.progress_wait_ms = int((time.monotonic() - waited_from) * 1000)
         batch_ids = [seen.batch_id for seen in progress.values() if seen.batch_id is not None]
         start_batch_id = max(batch_ids) if batch_ids else None
@@ -393,6 +395,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             previous_threshold=start.late_threshold,
             previous_batch_id=start_batch_id,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
+            tasks=self.options.tasks_for(sum(b - a for _, _, a, b in ranges(plan.data, ends))),
         )
         if _same_batch(start, offset):
             self._cached = (start.plan_id, plan.aligner)  # still start's state
@@ -726,7 +729,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     # ---------------------------------------------------------------- progress
 
     def _wait_for_progress(
-        self, last_ranges: list[tuple[str, int, int, int]], start: SourceOffset, plan: _Plan
+        self, start: SourceOffset, plan: _Plan
     ) -> dict[tuple[str, int], Progress]:
         """The progress records of the last batch's ranges (and of its synthetic row).
 
@@ -739,7 +742,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         """
         from confluent_kafka import TopicPartition
 
-        wanted = self._wanted_progress(last_ranges, start, plan)
+        wanted = self._wanted_progress(start)
         if not wanted:
             return {}
         found: dict[tuple[str, int], Progress] = {}
@@ -787,7 +790,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def _take_progress(
         self,
         messages: list[Any],
-        wanted: dict[str, tuple[str, int]],
+        wanted: dict[str, TaskPartition | SyntheticPartition],
         found: dict[tuple[str, int], Progress],
         plan: _Plan,
         at_end: set[int],
@@ -808,15 +811,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             at_end.discard(message.partition())
             plan.progress[str(message.partition())] = message.offset() + 1
             key = (message.key() or b"").decode(errors="replace")
-            where = wanted.pop(key, None)
-            if where is not None:
+            task = wanted.pop(key, None)
+            if task is not None:
                 try:
-                    found[where] = Progress.decode(message.value())
+                    found.update(_decode_progress(task, message.value()))
                 except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
                     # Not a reader's record (nothing of ours writes this): skipped, counted;
                     # the reader's own record is still awaited.
                     _count(plan, "progress_malformed")
-                    wanted[key] = where
+                    wanted[key] = task
         return missing_topic
 
     def _progress_positions(self, plan: _Plan) -> dict[int, int]:
@@ -834,26 +837,19 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return positions
 
     def _wanted_progress(
-        self, last_ranges: list[tuple[str, int, int, int]], start: SourceOffset, plan: _Plan
-    ) -> dict[str, tuple[str, int]]:
-        """The progress keys of the last batch, each with its partition."""
-        threshold = start.late_threshold
-        wanted: dict[str, tuple[str, int]] = {
-            progress_key(
-                query=plan.query,
-                topic=t,
-                partition=p,
-                start=a,
-                end=b,
-                late_threshold_ms=threshold,
-                event_time=self._event_time_name(),
-            ): (t, p)
-            for t, p, a, b in last_ranges
+        self, start: SourceOffset
+    ) -> dict[str, TaskPartition | SyntheticPartition]:
+        """The progress keys of the last batch, each with the task that writes it: the
+        tasks ``partitions`` made of the same offset."""
+        event_time = self._event_time_name()
+        wanted: dict[str, TaskPartition | SyntheticPartition] = {
+            task.progress_key(event_time): task for task in self._tasks(start)
         }
-        if start.watermark > MIN_WATERMARK and start.previous_threshold is not None:
+        synthetic = self._synthetic(start)
+        if synthetic is not None and start.previous_threshold is not None:
             # The batch's synthetic task reports Spark's batch id (ranges do too); an
             # offset planned before it did (no previous threshold) has no such record.
-            wanted[synthetic_progress_key(start.plan_id)] = ("", -1)
+            wanted[synthetic.progress_key] = synthetic
         return wanted
 
     def _progress_gone(self, positions: dict[int, int]) -> dict[int, int] | None:
@@ -905,41 +901,44 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self, start: dict[str, Any], end_json: dict[str, Any]
     ) -> Sequence[InputPartition]:
         end = self._decoded(end_json)
-        threshold = end.late_threshold  # == start's watermark
-        previous = threshold if end.previous_threshold is None else end.previous_threshold
-        previous_batch_id = end.previous_batch_id
-        query = end.query
         if not self._progress_topic_checked:
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
             with contextlib.suppress(KafkaException):
                 self._ensure_progress_topic()
             self._progress_topic_checked = True
-        latest_event_ms = end.latest_event_ms
-        result: list[InputPartition] = [
-            RangePartition(
-                topic,
-                partition,
-                begin,
-                finish,
+        result: list[InputPartition] = list(self._tasks(end))
+        synthetic = self._synthetic(end)
+        if synthetic is not None:
+            result.append(synthetic)
+        return result
+
+    def _tasks(self, end: SourceOffset) -> list[TaskPartition]:
+        """The batch's reader tasks: its ranges grouped as the offset says."""
+        threshold = end.late_threshold  # == the previous offset's watermark
+        previous = threshold if end.previous_threshold is None else end.previous_threshold
+        return [
+            TaskPartition(
+                ranges,
                 threshold,
                 previous,
-                previous_batch_id,
-                query=query,
-                latest_event_ms=latest_event_ms,
+                end.previous_batch_id,
+                query=end.query,
+                latest_event_ms=end.latest_event_ms,
+                legacy=end.tasks is None,
             )
-            for topic, partition, begin, finish in end.ranges()
+            for ranges in group_ranges(end.ranges(), end.tasks)
         ]
-        planned = end.watermark
-        if planned > MIN_WATERMARK:
-            result.append(
-                SyntheticPartition(
-                    min(planned, self.options.max_planned_watermark_ms),
-                    self.options.watermark_delay_ms,
-                    synthetic_progress_key(end.plan_id),
-                )
-            )
-        return result
+
+    def _synthetic(self, end: SourceOffset) -> SyntheticPartition | None:
+        """The batch's synthetic row, once the valve has a watermark."""
+        if end.watermark <= MIN_WATERMARK:
+            return None
+        return SyntheticPartition(
+            min(end.watermark, self.options.max_planned_watermark_ms),
+            self.options.watermark_delay_ms,
+            synthetic_progress_key(end.plan_id),
+        )
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # offsets live in Spark's checkpoint, not in a consumer group
@@ -960,8 +959,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SyntheticPartition):
             return read_synthetic(self.options, partition)
-        assert isinstance(partition, RangePartition)
-        return read_range(self.options, partition)
+        assert isinstance(partition, TaskPartition)
+        return read_task(self.options, partition)
 
 
 # ------------------------------------------------------------------ offsets, pure
@@ -977,6 +976,7 @@ def _offset(
     previous_threshold: int = MIN_WATERMARK,
     previous_batch_id: int | None = None,
     max_event_time_ahead_ms: int | None = None,
+    tasks: int | None = None,
 ) -> SourceOffset:
     """One batch's offset, from the plan (``SourceOffset`` says what each part is for)."""
     latest_event_ms = (
@@ -1000,6 +1000,7 @@ def _offset(
         progress_wait_ms=plan.progress_wait_ms,
         held=list(plan.held),
         aligner=plan.aligner.snapshot(),
+        tasks=tasks,
     )
 
 
@@ -1080,6 +1081,15 @@ def _partition_batches(
     return batch
 
 
+def _decode_progress(
+    task: TaskPartition | SyntheticPartition, value: bytes
+) -> list[tuple[tuple[str, int], Progress]]:
+    """Each range's progress in a task's record; a synthetic task's under ("", -1)."""
+    if isinstance(task, SyntheticPartition):
+        return [(("", -1), Progress.decode(value))]
+    return task.decode_progress(value)
+
+
 def _count(plan: _Plan, counter: str, amount: int = 1) -> None:
     plan.counters[counter] = plan.counters.get(counter, 0) + amount
 
@@ -1157,4 +1167,14 @@ def read_stream(
         reader = reader.option("watermarkDelay", watermark_delay)
     for key, value in (kafka_config or {}).items():
         reader = reader.option(f"kafka.{key}", value)
-    return with_valve_watermark(reader.load())
+    return with_valve_watermark(reader.options(**task_options(spark)).load())
+
+
+def task_options(spark: SparkSession) -> dict[str, str]:
+    """``tasksPerBatch`` from Spark's default parallelism (the planner, in a Python process
+    of its own, cannot ask Spark); nothing where Spark does not say (Spark Connect)."""
+    try:
+        parallelism = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext
+        return {}
+    return {"tasksPerBatch": str(parallelism)}

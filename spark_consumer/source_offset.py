@@ -91,6 +91,10 @@ class SourceOffset:
     progress_wait_ms: int = 0
     # Markers (JSON) for partitions the broker does not list yet.
     held: list[dict[str, Any]] = field(default_factory=list)
+    # How many tasks the batch's ranges are grouped into (source_partitions.group_ranges),
+    # fixed when it is planned: a replay and the next plan make the same tasks whatever the
+    # options are then. None (version 1): one task per range.
+    tasks: int | None = None
     # The format it was read from (what it is written as is always OFFSET_VERSION).
     version: int = OFFSET_VERSION
 
@@ -125,6 +129,7 @@ class SourceOffset:
             counters={str(k): int(v) for k, v in raw.get("counters", {}).items()},
             progress_wait_ms=int(raw.get("progress_wait_ms", 0)),
             held=list(raw.get("held", [])),
+            tasks=None if version == 1 else _optional_int(raw.get("tasks")),
             version=int(version),
         )
 
@@ -160,6 +165,7 @@ class SourceOffset:
             "control": dict(self.control),
             "progress": dict(self.progress),
             "held": list(self.held),
+            "tasks": self.tasks,
         }
         encoded.update(self._state)
         return encoded

@@ -3,6 +3,7 @@ both need, parsed once from the DataSource options."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,10 @@ class SourceOptions:
     # a re-created topic) stop the query (True) or are counted and skipped (False).
     fail_on_data_loss: bool = True
     progress_retention_ms: int = PROGRESS_RETENTION_MS
+    # How a batch's ranges are grouped into tasks (tasks_for): about this many tasks, and
+    # more when they would hold more records each than max_records_per_task.
+    tasks_per_batch: int = 8
+    max_records_per_task: int = 200_000
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -249,6 +254,7 @@ class SourceOptions:
             progress_topic_name=lowered.get("progresstopic") or None,
             consumer_idle_timeout_ms=idle_timeout_ms,
             **_production_options(lowered),
+            **_task_options(lowered),
         )
 
     @property
@@ -278,10 +284,28 @@ class SourceOptions:
         # librdkafka's default, as Spark's Kafka source is read_uncommitted by default.
         return self.kafka_config.get("isolation.level", "read_committed") == "read_committed"
 
+    def tasks_for(self, records: int) -> int:
+        """How many tasks a batch of ``records`` is planned in (logged in its offset)."""
+        return max(self.tasks_per_batch, -(-records // self.max_records_per_task))
+
     def subscribes(self, topic: str) -> bool:
         if self.topic_pattern is not None:
             return re.fullmatch(self.topic_pattern, topic) is not None
         return topic in self.topics
+
+
+def _task_options(lowered: dict[str, str]) -> dict[str, Any]:
+    """tasksPerBatch (default: the planner's cores, Spark's default parallelism in local
+    mode; read_stream and consume pass Spark's own) and maxRecordsPerTask."""
+    values = {
+        "tasks_per_batch": lowered.get("tasksperbatch", str(os.cpu_count() or 1)),
+        "max_records_per_task": lowered.get("maxrecordspertask", "200000"),
+    }
+    names = {"tasks_per_batch": "tasksPerBatch", "max_records_per_task": "maxRecordsPerTask"}
+    for key, value in values.items():
+        if not value.strip().isdigit() or int(value) < 1:
+            raise SourceError(f"option {names[key]!r} must be a positive integer: {value!r}")
+    return {key: int(value) for key, value in values.items()}
 
 
 def _production_options(lowered: dict[str, str]) -> dict[str, Any]:

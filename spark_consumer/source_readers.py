@@ -1,16 +1,17 @@
-"""The readers, on the executors: one range of one partition as Arrow batches, its late
-rows written aside, its progress reported to the progress topic; or the synthetic row."""
+"""The readers, on the executors: a task's ranges as Arrow batches, their late rows
+written aside, their progress reported to the progress topic; or the synthetic row."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from spark_consumer import reader_clients
 from spark_consumer.event_time import (
     MAX_EVENT_TIME_MS,
     MIN_EVENT_TIME_MS,
@@ -22,139 +23,234 @@ from spark_consumer.late_rows import DroppedRow, LateRule, write_range
 from spark_consumer.source_options import ARROW_SCHEMA, EVENT_TIME, LATE, SourceError, SourceOptions
 from spark_consumer.source_partitions import (
     Progress,
-    RangePartition,
     SyntheticPartition,
+    TaskPartition,
     late_events_watermark,
     spark_batch_id,
 )
 
 log = logging.getLogger(__name__)
+# A range's partition: (topic, partition).
+_Key = tuple[str, int]
 
 
-def read_range(options: SourceOptions, split: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Reads ``[start, end)`` of one partition as Arrow batches, then reports its progress.
+def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.RecordBatch]:
+    """Reads every range of the task as Arrow batches, with one consumer fetching them all
+    at once, then reports their progress in one record.
 
-    Records gone from under the range (retention, a deleted or re-created topic) follow
-    the option failOnDataLoss, as in Spark's Kafka source: one clear error naming the
-    partition and the offsets, or counted in the progress (``lost``) and skipped.
+    Records gone from under a range (retention, a deleted or re-created topic) follow the
+    option failOnDataLoss, as in Spark's Kafka source: one clear error naming the
+    partition and the offsets, or counted in the range's progress (``lost``) and skipped.
     """
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            # librdkafka (>= 2.3) pauses fetching for fetch.queue.backoff.ms (default
-            # 1 s) whenever its queue holds queued.min.messages (100,000): a reader that
-            # drains 10,000 at a time then sat idle most of the time, at 180k records/s
-            # instead of over 1M (docs/performance.md). A kafka.* option overrides it.
-            "fetch.queue.backoff.ms": 10,
-            **options.client_config(),
-            "group.id": "slackwater-reader",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-        }
-    )
     batch_id = spark_batch_id()
     builder = _Builder(
-        split,
         options.event_time_field,
-        late_events_watermark(split, batch_id),
+        late_events_watermark(task, batch_id),
         options.late_rule if options.late_output is not None else None,
-        split.latest_event_ms,
+        task.latest_event_ms,
     )
-    lost = 0
-    try:
-        consumer.assign([TopicPartition(split.topic, split.partition, split.start)])
-        position = split.start
-        deadline = time.monotonic() + options.read_timeout_s
-        next_check = time.monotonic() + _GONE_CHECK_S
-        unknown_answers = 0
-        while position < split.end:
-            messages = consumer.consume(num_messages=min(10_000, split.end - position), timeout=0.5)
-            records, failure = _records_before(messages, split)
-            if records:
-                builder.add_many(records)
-                position = int(records[-1].offset()) + 1
-                if len(builder) >= options.max_records_per_arrow_batch:
-                    yield builder.flush()
-            if (
-                messages
-                and messages[-1].error() is None
-                and (messages[-1].offset() or 0) >= split.end
-            ):
-                position = split.end  # read past the range: it is complete
-            if messages:
-                deadline = time.monotonic() + options.read_timeout_s
-            if position < split.end and (
-                failure is not None or (not messages and time.monotonic() > next_check)
-            ):
-                # An error, or a range that stopped arriving: are its records gone?
-                next_check = time.monotonic() + _GONE_CHECK_S
-                gone_until, unknown = _gone_until(
-                    consumer, split, position, options.request_timeout_s
-                )
-                unknown_answers = unknown_answers + 1 if unknown else 0
-                if unknown_answers >= 2:
-                    gone_until = split.end  # the topic or partition is gone, the range too
-                if gone_until is not None:
-                    lost += _lose(options, split, position, gone_until)
-                    position = gone_until
-                    if position < split.end:
-                        consumer.assign([TopicPartition(split.topic, split.partition, position)])
-                    deadline = time.monotonic() + options.read_timeout_s
-                    continue
-                if failure is not None:
-                    raise SourceError(
-                        f"reading {split.topic}[{split.partition}] at {position}: {failure}"
-                    )
-            # Offset gaps (transaction markers, compaction): the consumer's position
-            # moves past offsets that carry no record.
-            current = consumer.position([TopicPartition(split.topic, split.partition)])
-            if current and current[0].offset > position:
-                position = min(current[0].offset, split.end)
-            if position < split.end and time.monotonic() > deadline:
-                raise SourceError(
-                    f"timed out reading {split.topic}[{split.partition}] at {position}, "
-                    f"expected up to {split.end}"
-                )
-        if len(builder):
+    reading = {(t, p): _Reading(t, p, a, b) for t, p, a, b in task.ranges}
+    with reader_clients.borrowed_consumer(_reader_config(options)) as consumer:
+        yield from _read(consumer, options, builder, reading)
+    _finish_task(options, task, builder, reading, batch_id)
+
+
+def _reader_config(options: SourceOptions) -> dict[str, Any]:
+    return {
+        # librdkafka (>= 2.3) pauses fetching for fetch.queue.backoff.ms (default 1 s)
+        # whenever its queue holds queued.min.messages (100,000): a reader that drains
+        # 10,000 at a time then sat idle most of the time, at 180k records/s instead of
+        # over 1M (docs/performance.md). A kafka.* option overrides it.
+        "fetch.queue.backoff.ms": 10,
+        # A reader asks only for records that exist, so the broker never has to wait for
+        # them; but a fetch in flight when a task ends (up to fetch.wait.max.ms, 500 ms
+        # by default) delays the first fetch of the next task on the same consumer.
+        "fetch.wait.max.ms": 10,
+        **options.client_config(),
+        "group.id": "slackwater-reader",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+    }
+
+
+@dataclass
+class _Reading:
+    """One range being read: the next offset to read, and records found gone."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    position: int = -1
+    lost: int = 0
+    unknown_answers: int = 0
+
+    def __post_init__(self) -> None:
+        self.position = self.start
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
+
+
+def _read(
+    consumer: Any, options: SourceOptions, builder: _Builder, reading: dict[_Key, _Reading]
+) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import TopicPartition
+
+    open_ranges = {key: r for key, r in reading.items() if not r.done}
+    assigned = [TopicPartition(t, p, r.position) for (t, p), r in open_ranges.items()]
+    consumer.assign(assigned)
+    # librdkafka keeps a partition paused across unassign and assign: a pooled consumer
+    # that paused it in an earlier task (a range read whole) would never fetch it again.
+    consumer.resume(assigned)
+    deadline = time.monotonic() + options.read_timeout_s
+    next_check = time.monotonic() + _GONE_CHECK_S
+    while open_ranges:
+        wanted = sum(r.end - r.position for r in open_ranges.values())
+        messages = consumer.consume(num_messages=min(10_000, wanted), timeout=0.5)
+        failures: dict[_Key, Any] = {}
+        for key, records, failure in _runs(messages):
+            current = open_ranges.get(key)
+            if current is None:
+                if failure is not None and key not in reading:
+                    raise SourceError(f"reading {_where(reading)}: {failure}")
+                continue  # a range read whole (fetched past its end), or one not ours
+            if failure is not None:
+                failures.setdefault(key, failure)
+                continue
+            in_range = (
+                records
+                if records[-1].offset() < current.end
+                else [m for m in records if m.offset() < current.end]
+            )
+            if in_range:
+                builder.add_many(in_range, current)
+                current.position = int(in_range[-1].offset()) + 1
+            if records[-1].offset() >= current.end:
+                current.position = current.end  # read past the range: it is complete
+        if len(builder) >= options.max_records_per_arrow_batch:
             yield builder.flush()
-    finally:
-        consumer.close()
-    _finish_range(options, split, builder, batch_id, lost)
-
-
-def _finish_range(
-    options: SourceOptions,
-    split: RangePartition,
-    builder: _Builder,
-    batch_id: int | None,
-    lost: int,
-) -> None:
-    """The range was read whole: the rows the job will drop go aside, then its progress
-    goes to the driver (in this order: the progress lets the plan go on)."""
-    if options.late_output is not None:
-        write_range(
-            options.late_output,
-            builder.dropped,
-            topic=split.topic,
-            partition=split.partition,
-            start=split.start,
-            end=split.end,
-            threshold_ms=builder.threshold_ms,
+        if messages:
+            deadline = time.monotonic() + options.read_timeout_s
+        stalled = failures or (
+            {key: None for key in open_ranges}
+            if not messages and time.monotonic() > next_check
+            else {}
         )
-    key = split.progress_key(options.event_time_field or "timestamp")
-    progress = dataclasses.replace(builder.progress(), batch_id=batch_id, lost=lost)
-    _report_progress(options, key, progress)
+        if stalled:
+            # An error, or ranges that stopped arriving: are their records gone?
+            next_check = time.monotonic() + _GONE_CHECK_S
+            if _follow_gone(consumer, options, open_ranges, stalled):
+                deadline = time.monotonic() + options.read_timeout_s
+        _skip_gaps(consumer, open_ranges)
+        finished = [key for key, r in open_ranges.items() if r.done]
+        if finished:
+            # Stop fetching what the task has read whole.
+            consumer.pause([TopicPartition(t, p) for t, p in finished])
+            for key in finished:
+                del open_ranges[key]
+        if open_ranges and time.monotonic() > deadline:
+            late = next(iter(open_ranges.values()))
+            raise SourceError(
+                f"timed out reading {late.topic}[{late.partition}] at {late.position}, "
+                f"expected up to {late.end}"
+            )
+    if len(builder):
+        yield builder.flush()
+
+
+def _follow_gone(
+    consumer: Any,
+    options: SourceOptions,
+    open_ranges: dict[_Key, _Reading],
+    stalled: dict[_Key, Any],
+) -> bool:
+    """Ranges whose records are gone move past them (failOnDataLoss=false) or stop the
+    query; a range that failed with its records there fails the task. True if a range
+    moved."""
+    from confluent_kafka import TopicPartition
+
+    moved = False
+    for key, failure in stalled.items():
+        if key not in open_ranges:
+            continue
+        current = open_ranges[key]
+        gone_until, unknown = _gone_until(consumer, current, options.request_timeout_s)
+        current.unknown_answers = current.unknown_answers + 1 if unknown else 0
+        if current.unknown_answers >= 2:
+            gone_until = current.end  # the topic or partition is gone, the range too
+        if gone_until is not None:
+            current.lost += _lose(options, current, gone_until)
+            current.position = gone_until
+            moved = True
+            continue
+        if failure is not None:
+            raise SourceError(
+                f"reading {current.topic}[{current.partition}] at {current.position}: {failure}"
+            )
+    if moved:
+        # Fetching starts again where each range now is (a partition whose records were
+        # out of range stopped fetching).
+        consumer.assign(
+            [TopicPartition(r.topic, r.partition, r.position) for r in open_ranges.values()]
+        )
+    return moved
+
+
+def _skip_gaps(consumer: Any, open_ranges: dict[_Key, _Reading]) -> None:
+    """Offset gaps (transaction markers, compaction): the consumer's position moves past
+    offsets that carry no record."""
+    from confluent_kafka import TopicPartition
+
+    if not open_ranges:
+        return
+    positions = consumer.position([TopicPartition(t, p) for t, p in open_ranges])
+    for answer in positions:
+        current = open_ranges[(answer.topic, answer.partition)]
+        if answer.offset > current.position:
+            current.position = min(answer.offset, current.end)
+
+
+def _where(reading: dict[_Key, _Reading]) -> str:
+    first = next(iter(reading.values()))
+    more = f" and {len(reading) - 1} more range(s)" if len(reading) > 1 else ""
+    return f"{first.topic}[{first.partition}]{more}"
+
+
+def _finish_task(
+    options: SourceOptions,
+    task: TaskPartition,
+    builder: _Builder,
+    reading: dict[_Key, _Reading],
+    batch_id: int | None,
+) -> None:
+    """The ranges were read whole: the rows the job will drop go aside, then the task's
+    progress goes to the driver (in this order: the progress lets the plan go on)."""
+    progress = []
+    for current in reading.values():
+        seen = builder.seen(current)
+        if options.late_output is not None:
+            write_range(
+                options.late_output,
+                seen.dropped,
+                topic=current.topic,
+                partition=current.partition,
+                start=current.start,
+                end=current.end,
+                threshold_ms=builder.threshold_ms,
+            )
+        progress.append(seen.progress(current.lost))
+    key = task.progress_key(options.event_time_field or "timestamp")
+    _report_progress(options, key, task.encode_progress(progress, batch_id))
 
 
 # How long a range may deliver nothing before the reader asks whether its records are gone.
 _GONE_CHECK_S = 2.0
 
 
-def _gone_until(
-    consumer: Any, split: RangePartition, position: int, timeout_s: float
-) -> tuple[int | None, bool]:
+def _gone_until(consumer: Any, split: _Reading, timeout_s: float) -> tuple[int | None, bool]:
     """Where the records gone from ``position`` on end (``[position, x)``), or None when
     they are there: retention moved the log start past the position, or the offsets went
     back (re-created, truncated). And whether the broker says the topic (or partition)
@@ -162,6 +258,7 @@ def _gone_until(
     behind on metadata says so of a topic that does."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+    position = split.position
     try:
         metadata = consumer.list_topics(split.topic, timeout=timeout_s)
     except KafkaException:
@@ -188,8 +285,9 @@ def _gone_until(
     return None, False
 
 
-def _lose(options: SourceOptions, split: RangePartition, position: int, gone_until: int) -> int:
+def _lose(options: SourceOptions, split: _Reading, gone_until: int) -> int:
     """failOnDataLoss: stop with one error, or count the gone records and go on."""
+    position = split.position
     where = f"{split.topic}[{split.partition}] offsets {position} to {gone_until - 1}"
     if options.fail_on_data_loss:
         raise SourceError(
@@ -206,24 +304,20 @@ def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterato
     yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
     if split.progress_key:
         progress = Progress(0, None, -1, 0, 0, batch_id=spark_batch_id())
-        _report_progress(options, split.progress_key, progress)
+        _report_progress(options, split.progress_key, progress.encode())
 
 
-def _report_progress(options: SourceOptions, key: str, progress: Progress) -> None:
+def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
     """One progress record, acknowledged before the task ends (a retry or a replay
     writes the same record again, harmlessly)."""
-    from confluent_kafka import Producer
-
     failures: list[Any] = []
 
     def delivered(error: Any, _message: Any) -> None:
         if error is not None:
             failures.append(error)
 
-    producer = Producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
-    producer.produce(
-        options.progress_topic, key=key.encode(), value=progress.encode(), on_delivery=delivered
-    )
+    producer = reader_clients.producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
+    producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
     # A record the broker refuses (authorization, size) leaves the queue with an error:
     # the task fails now, saying why, not the next plan after its progress timeout.
     if producer.flush(options.request_timeout_s) != 0 or failures:
@@ -235,53 +329,81 @@ def synthetic_progress_key(plan_id: str) -> str:
     return f"synthetic:{plan_id}"
 
 
-def _records_before(messages: list[Any], split: RangePartition) -> tuple[list[Any], Any]:
-    """The records of one consume call that belong to the range, in offset order, and its
-    first error that is not the end of the partition (or None).
+def _runs(messages: list[Any]) -> Iterator[tuple[_Key, list[Any], Any]]:
+    """A consume call's messages by partition: each run of one partition's records (in
+    offset order) with no error, or one error message with its partition.
 
     Errors are rare: one check over the call, and the slow path only when one is there.
     """
-    failure = None
+    if not messages:
+        return
     if any(message.error() is not None for message in messages):
         from confluent_kafka import KafkaError
 
-        errors = [message.error() for message in messages if message.error() is not None]
-        failure = next((e for e in errors if e.code() != KafkaError._PARTITION_EOF), None)
-        messages = [message for message in messages if message.error() is None]
-    if messages and messages[-1].offset() >= split.end:
-        messages = [message for message in messages if message.offset() < split.end]
-    return messages, failure
+        for message in messages:
+            error = message.error()
+            if error is None:
+                yield (message.topic(), message.partition()), [message], None
+            elif error.code() != KafkaError._PARTITION_EOF:
+                yield (message.topic(), message.partition()), [], error
+        return
+    keys = [(m.topic(), m.partition()) for m in messages]
+    start = 0
+    for index in range(1, len(keys) + 1):
+        if index == len(keys) or keys[index] != keys[start]:
+            yield keys[start], messages[start:index], None
+            start = index
+
+
+@dataclass
+class _Seen:
+    """What a reader saw in one range: its progress, and the rows the job will drop."""
+
+    records: int = 0
+    late: int = 0
+    unreadable: int = 0
+    max_event_ms: int | None = None
+    max_offset: int = -1
+    dropped: list[DroppedRow] = field(default_factory=list)
+
+    def progress(self, lost: int) -> Progress:
+        return Progress(
+            records=self.records,
+            max_event_time_ms=self.max_event_ms,
+            max_offset=self.max_offset,
+            late=self.late,
+            unreadable=self.unreadable,
+            dropped=len(self.dropped),
+            lost=lost,
+        )
 
 
 class _Builder:
-    """Column lists for Arrow batches, filled a consume call at a time, and the range's
-    running progress. Column-wise on purpose: one comprehension per column costs a
-    fraction of one Python call per record (docs/performance.md)."""
+    """Column lists for Arrow batches, filled a run of one range at a time, and each
+    range's running progress. Column-wise on purpose: one comprehension per column costs
+    a fraction of one Python call per record (docs/performance.md)."""
 
     def __init__(
         self,
-        split: RangePartition,
         event_time_field: str | None,
         threshold_ms: int,
         late_rule: LateRule | None = None,
         latest_event_ms: int | None = None,
     ) -> None:
-        self.split = split
         # Event times past this are unreadable (the option maxEventTimeAhead), if set.
         self.latest_event_ms = latest_event_ms
         self.event_time_field = event_time_field
-        # The watermark Spark judges this range's rows late by (late_events_watermark).
+        # The watermark Spark judges the task's rows late by (late_events_watermark).
         self.threshold_ms = threshold_ms
         self.late_rule = late_rule
-        self.dropped: list[DroppedRow] = []
-        self.records = self.late = self.unreadable = 0
-        self.max_event_ms: int | None = None
-        self.max_offset = -1
+        self._seen: dict[_Key, _Seen] = {}
         self._reset()
 
     def _reset(self) -> None:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
         self.offsets: list[int] = []
         self.timestamps: list[int | None] = []
         self.timestamp_types: list[int] = []
@@ -292,12 +414,19 @@ class _Builder:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def add_many(self, messages: list[Any]) -> None:
+    def seen(self, split: _Reading) -> _Seen:
+        return self._seen.setdefault((split.topic, split.partition), _Seen())
+
+    def add_many(self, messages: list[Any], split: _Reading) -> None:
+        """Records of one range, in offset order."""
+        seen = self.seen(split)
         values = [m.value() for m in messages]
         stamps = [m.timestamp() for m in messages]
         offsets = [m.offset() for m in messages]
         self.keys += [m.key() for m in messages]
         self.values += values
+        self.topics += [split.topic] * len(messages)
+        self.partitions += [split.partition] * len(messages)
         self.offsets += offsets
         # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
         # A timestamp no Spark timestamp holds (microseconds in an int64) is null.
@@ -316,30 +445,31 @@ class _Builder:
         lates = [ms is None or ms < threshold for ms in event_ms]
         readable = [ms for ms in event_ms if ms is not None]
         unreadable = len(event_ms) - len(readable)
-        self.records += len(messages)
-        self.unreadable += unreadable
-        self.late += sum(lates) - unreadable
+        seen.records += len(messages)
+        seen.unreadable += unreadable
+        seen.late += sum(lates) - unreadable
         if readable:
             newest = max(readable)
-            if self.max_event_ms is None or newest > self.max_event_ms:
-                self.max_event_ms = newest
-        self.max_offset = offsets[-1]
+            if seen.max_event_ms is None or newest > seen.max_event_ms:
+                seen.max_event_ms = newest
+        seen.max_offset = offsets[-1]
         self.event_times += [None if ms is None else ms * 1000 for ms in event_ms]
         self.lates += lates
         if self.late_rule is not None and any(lates):
-            self._note_dropped(values, stamps, offsets, event_ms, threshold)
+            self._note_dropped(seen, values, stamps, offsets, event_ms)
 
     def _note_dropped(
         self,
+        seen: _Seen,
         values: list[bytes | None],
         stamps: list[tuple[int, int]],
         offsets: list[int],
         event_ms: list[int | None],
-        threshold: int,
     ) -> None:
         """The rows the job's aggregation will drop, with why (late_rows.py). Only
-        late rows can be dropped, so only consume calls that have one come here."""
+        late rows can be dropped, so only runs that have one come here."""
         assert self.late_rule is not None
+        threshold = self.threshold_ms
         for index, ms in enumerate(event_ms):
             if ms is None:
                 reason = "unreadable: " + self._why_unreadable(values[index], stamps[index])
@@ -347,7 +477,7 @@ class _Builder:
                 reason = "late"
             else:
                 continue
-            self.dropped.append(DroppedRow(offsets[index], ms, reason))
+            seen.dropped.append(DroppedRow(offsets[index], ms, reason))
 
     def _why_unreadable(self, value: bytes | None, stamp: tuple[int, int]) -> str:
         try:
@@ -385,13 +515,12 @@ class _Builder:
         return result
 
     def flush(self) -> pa.RecordBatch:
-        count = len(self.offsets)
         batch = pa.RecordBatch.from_arrays(
             [
                 pa.array(self.keys, pa.binary()),
                 pa.array(self.values, pa.binary()),
-                pa.array([self.split.topic] * count, pa.string()),
-                pa.array([self.split.partition] * count, pa.int32()),
+                pa.array(self.topics, pa.string()),
+                pa.array(self.partitions, pa.int32()),
                 pa.array(self.offsets, pa.int64()),
                 pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
                 pa.array(self.timestamp_types, pa.int32()),
@@ -403,16 +532,6 @@ class _Builder:
         )
         self._reset()
         return batch
-
-    def progress(self) -> Progress:
-        return Progress(
-            records=self.records,
-            max_event_time_ms=self.max_event_ms,
-            max_offset=self.max_offset,
-            late=self.late,
-            unreadable=self.unreadable,
-            dropped=len(self.dropped),
-        )
 
 
 def _synthetic_batch(planned_watermark_ms: int, watermark_delay_ms: int) -> pa.RecordBatch:

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from slackwater.kafka_broker import KafkaBroker
+from spark_consumer import reader_clients
 
 if TYPE_CHECKING:
     from tests.emitter_harness import RunningEmitter
@@ -50,6 +51,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         # Kafka clients that tests left for the garbage collector go first, while the
         # broker still answers; else librdkafka logs refused connections at exit.
         gc.collect()
+        reader_clients.close_all()  # the readers' pooled clients (tests read in-process)
         kafka.stop()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_consumer.source_options import WATERMARK_DELAY_MS, SourceError, SourceOptions
-from spark_consumer.source_partitions import RangePartition, late_events_watermark
+from spark_consumer.source_partitions import TaskPartition, late_events_watermark
 
 BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
 
@@ -40,8 +40,8 @@ def test_watermark_delay_defaults_to_the_delay_that_makes_the_valve_alone_set_th
     assert one_hour.max_planned_watermark_ms > SourceOptions.parse(BASE).max_planned_watermark_ms
 
 
-def _split(previous_batch_id: int | None) -> RangePartition:
-    return RangePartition("t", 0, 0, 10, 41_000, 39_000, previous_batch_id)
+def _split(previous_batch_id: int | None) -> TaskPartition:
+    return TaskPartition((("t", 0, 0, 10),), 41_000, 39_000, previous_batch_id)
 
 
 def test_late_rows_are_judged_by_the_watermark_of_the_batch_spark_ran_just_before() -> None:

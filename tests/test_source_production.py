@@ -74,8 +74,8 @@ class _MarkerDuringWait(SlackwaterStreamReader):
 
     write_during_wait: Any = None
 
-    def _wait_for_progress(self, ranges: Any, start: Any, plan: Any) -> Any:
-        found = super()._wait_for_progress(ranges, start, plan)
+    def _wait_for_progress(self, start: Any, plan: Any) -> Any:
+        found = super()._wait_for_progress(start, plan)
         if self.write_during_wait is not None:
             self.write_during_wait()
             self.write_during_wait = None

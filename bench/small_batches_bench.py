@@ -1,0 +1,159 @@
+"""Seconds from records written to the micro-batch that holds them committed, when every
+partition brings a few records: the cost of a batch by partitions, beside Spark's own
+Kafka source.
+
+    .venv/bin/python -m bench.small_batches_bench [--partitions 30 300 1000] [--records 1650]
+
+One local[2] SparkSession and Apache Kafka from the launcher. Spark's Kafka source keeps
+64 consumers per executor by default (``spark.kafka.consumer.cache.capacity``) and makes
+the others again every batch; the session raises the capacity above the largest
+partition count, so that it keeps one per partition. Per partition count: a fresh topic
+and, for each source in turn, a query on it into the no-op sink (200 ms trigger,
+``startingOffsets`` latest), warmed by a first round; then per round the same records in
+all (``--records``, spread evenly over the partitions: 1,650 is 5.5 per partition at 300)
+are written, and the clock runs until the query's progress reports a batch whose end
+offsets hold them all. Median of ``--rounds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import DataFrame, SparkSession
+
+from slackwater.kafka_broker import KafkaBroker
+from spark_consumer.consume_job import spark_session
+from spark_consumer.source import read_stream
+from spark_consumer.source_offset import SourceOffset
+
+TRIGGER = "200 milliseconds"
+
+
+def _ends_of(progress: Any, topic: str) -> dict[str, int] | None:
+    """The end offsets of the batch a progress report is about, from either source."""
+    end = progress["sources"][0]["endOffset"]
+    raw = json.loads(end) if isinstance(end, str) else end
+    if not isinstance(raw, dict):
+        return None
+    if "v" in raw:
+        return SourceOffset.decode(raw).data.get(topic)
+    ends = raw.get(topic)
+    return {str(p): int(o) for p, o in ends.items()} if isinstance(ends, dict) else None
+
+
+@dataclass
+class Topic:
+    """The topic both sources read, and its log ends as written so far."""
+
+    name: str
+    partitions: int
+    producer: Producer
+    ends: list[int]
+
+    def write(self, records: int) -> dict[str, int]:
+        for index in range(records):
+            self.producer.produce(self.name, value=b'{"ts": 1}', partition=index % self.partitions)
+            self.ends[index % self.partitions] += 1
+        assert self.producer.flush(60) == 0
+        return {str(p): end for p, end in enumerate(self.ends)}
+
+
+def _round(query: Any, topic: Topic, records: int) -> float:
+    """Writes one round and returns the seconds until a batch holding it committed."""
+    wanted = topic.write(records)
+    started = time.perf_counter()
+    deadline = started + 600
+    while time.perf_counter() < deadline:
+        progress = query.lastProgress
+        if progress is not None and _ends_of(progress, topic.name) == wanted:
+            return time.perf_counter() - started
+        time.sleep(0.02)
+    raise TimeoutError(f"no batch reached {topic.name}'s ends in 600 s")
+
+
+def measure(load: Callable[[], DataFrame], topic: Topic, records: int, rounds: int) -> float:
+    query = (
+        load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="slackwater-small-"))
+        .trigger(processingTime=TRIGGER)
+        .start()
+    )
+    try:
+        while query.lastProgress is None:  # started, with its first offsets planned
+            time.sleep(0.05)
+        _round(query, topic, records)  # warm-up, not counted
+        times = [_round(query, topic, records) for _ in range(rounds)]
+    finally:
+        query.stop()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, nargs="+", default=[30, 300, 1_000])
+    parser.add_argument("--records", type=int, default=1_650)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{'partitions':>10} {'slackwater s':>13} {'Spark Kafka s':>14} {'ratio':>6}", flush=True)
+    with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
+        bootstrap = broker.bootstrap_servers
+        # Read when the executor starts: set before the session's JVM is launched.
+        capacity = max(args.partitions) + 64
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f"--conf spark.kafka.consumer.cache.capacity={capacity} pyspark-shell"
+        )
+        spark: SparkSession = spark_session("slackwater-small-batches")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for partitions in args.partitions:
+            topic = f"small-{uuid.uuid4().hex[:8]}"
+            control = f"small-ctl-{uuid.uuid4().hex[:8]}"
+            for future in admin.create_topics(
+                [NewTopic(topic, partitions, 1), NewTopic(control, 1, 1)]
+            ).values():
+                future.result(60)
+            time.sleep(2)  # leaders elected
+            written = Topic(topic, partitions, producer, [0] * partitions)
+
+            def ours(topic: str = topic, control: str = control) -> DataFrame:
+                return read_stream(
+                    spark,
+                    bootstrap_servers=bootstrap,
+                    topics=[topic],
+                    control_topic=control,
+                    starting_offsets="latest",
+                )
+
+            def sparks(topic: str = topic) -> DataFrame:
+                return (
+                    spark.readStream.format("kafka")
+                    .option("kafka.bootstrap.servers", bootstrap)
+                    .option("subscribe", topic)
+                    .option("startingOffsets", "latest")
+                    .load()
+                )
+
+            slackwater_s = measure(ours, written, args.records, args.rounds)
+            spark_s = measure(sparks, written, args.records, args.rounds)
+            print(
+                f"{partitions:>10,} {slackwater_s:>13.2f} {spark_s:>14.2f}"
+                f" {slackwater_s / spark_s:>6.2f}",
+                flush=True,
+            )
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
