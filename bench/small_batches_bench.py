@@ -105,6 +105,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", default=[30, 300, 1_000])
     parser.add_argument("--records", type=int, default=1_650)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--without-spark",
+        action="store_true",
+        help="measure slackwater alone (Spark's source takes minutes a batch at 1,000)",
+    )
     args = parser.parse_args()
     print(f"{'partitions':>10} {'slackwater s':>13} {'Spark Kafka s':>14} {'ratio':>6}", flush=True)
     with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
@@ -146,6 +151,9 @@ def main() -> None:
                 )
 
             slackwater_s = measure(ours, written, args.records, args.rounds)
+            if args.without_spark:
+                print(f"{partitions:>10,} {slackwater_s:>13.2f}", flush=True)
+                continue
             spark_s = measure(sparks, written, args.records, args.rounds)
             print(
                 f"{partitions:>10,} {slackwater_s:>13.2f} {spark_s:>14.2f}"

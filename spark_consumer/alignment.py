@@ -358,7 +358,11 @@ class MarkerAligner:
             channel_of=channel_of,
         )
         aligner.valve = StatusWatermarkValve.restore(snapshot["valve"])
-        aligner.counters = Counters(**snapshot["counters"])
+        counters = snapshot["counters"]
+        # A copy: the snapshot may be an offset's, which must not change with the aligner.
+        aligner.counters = Counters(
+            **{**counters, "markers_rejected": dict(counters["markers_rejected"])}
+        )
         partitions = aligner.partitions
         for (
             key,

@@ -15,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 # Spark's Kafka source closes a pooled consumer idle for 5 minutes
@@ -38,27 +39,41 @@ def _key(config: dict[str, Any]) -> _Key:
     )
 
 
+@dataclass
+class Lease:
+    """A borrowed consumer; ``spoiled`` once it has seen an error event (such a consumer
+    is closed, not given back: an error left in its queue would reach the next task)."""
+
+    consumer: Any
+    spoiled: bool = False
+
+
 @contextlib.contextmanager
-def borrowed_consumer(config: dict[str, Any]) -> Iterator[Any]:
+def borrowed_consumer(config: dict[str, Any]) -> Iterator[Lease]:
     """A consumer with these settings (one given back earlier, or a new one), with no
     partition assigned; given back unassigned when the block ends without an error."""
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaException
 
     key = _key(config)
     _close_idle()
     with _lock:
         idle = _idle_consumers.get(key)
         consumer = idle.pop()[0] if idle else None
-    if consumer is None:
-        consumer = Consumer(config)
+    lease = Lease(consumer if consumer is not None else Consumer(config))
     try:
-        yield consumer
+        yield lease
     except BaseException:
-        consumer.close()
+        lease.consumer.close()
         raise
-    consumer.unassign()
+    try:
+        lease.consumer.unassign()
+    except KafkaException:
+        lease.spoiled = True
+    if lease.spoiled:
+        lease.consumer.close()
+        return
     with _lock:
-        _idle_consumers.setdefault(key, []).append((consumer, time.monotonic()))
+        _idle_consumers.setdefault(key, []).append((lease.consumer, time.monotonic()))
 
 
 def producer(config: dict[str, Any]) -> Any:
@@ -72,6 +87,13 @@ def producer(config: dict[str, Any]) -> Any:
         client = made[0] if made is not None else Producer(config)
         _producers[key] = (client, time.monotonic())
     return client
+
+
+def drop_producer(config: dict[str, Any]) -> None:
+    """Forgets the producer for these settings (one whose record failed may be in any
+    state); the next report makes a new one."""
+    with _lock:
+        _producers.pop(_key(config), None)
 
 
 def idle_clients() -> int:

@@ -38,7 +38,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -759,13 +759,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # few seconds (a consumer assigned to a topic that does not exist may report
         # nothing at all).
         next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
+        gone = _GoneCheck()
         try:
             while wanted:
                 if time.monotonic() > deadline:
                     missing = ", ".join(sorted(wanted)[:5])
                     raise SourceError(
-                        f"no progress after {self.options.progress_timeout_s:.0f}s from the "
-                        f"readers of {len(wanted)} range(s) of the last batch ({missing}) on "
+                        f"no progress after {self.options.progress_timeout_s:.0f}s from "
+                        f"{len(wanted)} reader task(s) of the last batch, "
+                        f"{_ranges_in(wanted.values())} range(s) ({missing}) on "
                         f"topic {topic}: the watermark cannot advance without it"
                     )
                 # consume() returns when it has num_messages or at the timeout: asking
@@ -774,15 +776,17 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 messages = consumer.consume(num_messages=wanted_now, timeout=0.2)
                 missing_topic = self._take_progress(messages, wanted, found, plan, at_end)
                 reported = missing_topic or at_end >= set(positions)
-                if wanted and (reported or time.monotonic() >= next_gone_check):
+                due = time.monotonic() >= next_gone_check
+                if wanted and (due or (reported and not gone.reported)):
+                    gone.reported = reported
+                    gone.read_to_end = at_end >= set(positions)
                     next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
-                    read_again_from = self._progress_gone(positions)
+                    read_again_from = self._progress_gone(positions, gone)
                     if read_again_from is not None:
                         # Later batches' progress is written from there on: read it.
                         plan.progress = {str(p): o for p, o in read_again_from.items()}
-                        _count(plan, "progress_lost", len(wanted))
+                        _count(plan, "progress_lost", _ranges_in(wanted.values()))
                         break
-                    at_end.clear()  # the next check waits for new reports or the interval
         finally:
             consumer.unassign()
         return found
@@ -852,13 +856,20 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             wanted[synthetic.progress_key] = synthetic
         return wanted
 
-    def _progress_gone(self, positions: dict[int, int]) -> dict[int, int] | None:
+    def _progress_gone(self, positions: dict[int, int], gone: _GoneCheck) -> dict[int, int] | None:
         """Whether records after the plan's positions on the progress topic are gone, and
-        if so where to read it from now on: deleted (retention, DeleteRecords: the log
-        starts past the position), or the topic re-created (its log ends before the
-        position) or missing (then made again, read from its beginning: ``{}``). None
-        while they may still come."""
-        read_again_from = self._progress_read_again_from(positions)
+        if so where to read it from now on; None while they may still come:
+
+        * deleted (retention, DeleteRecords: the log starts past the position) or the
+          topic re-created (its log ends before the position): decided only once the
+          consumer has read every partition to its end without finding them;
+        * the topic missing (two answers in a row): made again, read from its start.
+        """
+        try:
+            read_again_from = self._progress_read_again_from(positions, gone)
+        except (KafkaException, SourceError) as error:
+            log.info("cannot tell whether progress is gone (%s): waiting on", error)
+            return None
         if read_again_from is not None:
             log.warning(
                 "progress of the last batch is gone from %s (its retention passed while the "
@@ -868,29 +879,37 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             )
         return read_again_from
 
-    def _progress_read_again_from(self, positions: dict[int, int]) -> dict[int, int] | None:
+    def _progress_read_again_from(
+        self, positions: dict[int, int], gone: _GoneCheck
+    ) -> dict[int, int] | None:
         topic = self.options.progress_topic
         metadata = self._admin_client().list_topics(topic, timeout=self.options.request_timeout_s)
         described = metadata.topics.get(topic)
-        if (
-            described is not None
-            and described.error is not None
-            and described.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
-        ):
-            return None  # the broker cannot tell now: the wait goes on
-        if described is None or described.error is not None:
+        missing = described is None or (
+            described.error is not None
+            and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        gone.missing_answers = gone.missing_answers + 1 if missing else 0
+        if missing:
+            if gone.missing_answers < 2:
+                return None  # a broker behind on metadata says so of a topic that exists
             self._ensure_progress_topic()
             return {}
+        if described.error is not None or not gone.read_to_end:
+            return None  # the broker cannot tell now, or the records may still come
         partitions = [(topic, p) for p in described.partitions]
         earliest = self._list_offsets(partitions, "earliest", wait_for_all=True)
         latest = self._list_offsets(partitions, "latest", wait_for_all=True)
-        if any(
-            earliest[(topic, p)] > max(0, positions.get(p, 0))
-            or latest[(topic, p)] < max(0, positions.get(p, 0))
-            for _, p in partitions
-        ):
-            return {p: earliest[(topic, p)] for _, p in partitions}
-        return None
+        read_again_from: dict[int, int] = {}
+        for _, p in partitions:
+            position = max(0, positions.get(p, 0))
+            if latest[(topic, p)] < position:
+                read_again_from[p] = earliest[(topic, p)]  # re-created: its offsets anew
+            else:
+                read_again_from[p] = max(position, earliest[(topic, p)])
+        if all(read_again_from[p] == max(0, positions.get(p, 0)) for _, p in partitions):
+            return None  # nothing deleted: a record still missing is late, not gone
+        return read_again_from
 
     def _event_time_name(self) -> str:
         return self.options.event_time_field or "timestamp"
@@ -1004,6 +1023,18 @@ def _offset(
     )
 
 
+@dataclass
+class _GoneCheck:
+    """What the planner's checks for gone progress saw so far in one wait."""
+
+    # Whether the consumer had read every partition of the progress topic to its end, or
+    # reported the topic missing, at the last check (a new report is checked at once).
+    read_to_end: bool = False
+    reported: bool = False
+    # Answers in a row that the progress topic does not exist.
+    missing_answers: int = 0
+
+
 @dataclass(frozen=True)
 class _BrokerNow:
     """What one plan saw of the broker (``SlackwaterStreamReader._look``)."""
@@ -1088,6 +1119,10 @@ def _decode_progress(
     if isinstance(task, SyntheticPartition):
         return [(("", -1), Progress.decode(value))]
     return task.decode_progress(value)
+
+
+def _ranges_in(tasks: Iterable[TaskPartition | SyntheticPartition]) -> int:
+    return sum(len(task.ranges) for task in tasks if isinstance(task, TaskPartition))
 
 
 def _count(plan: _Plan, counter: str, amount: int = 1) -> None:

@@ -194,8 +194,9 @@ _COUNTERS = {
     "(re-created): read again from its start.",
     "partitions_after_finished": "Partitions that appeared after every partition had FINISHED "
     "(their records are data after FINISHED).",
-    "progress_lost": "Progress records of the last batch found gone at a restart (progress "
-    "topic retention): read as unknown, which can only hold the watermark back.",
+    "progress_lost": "Ranges of the last batch whose progress was found gone at a restart "
+    "(progress topic retention, or the topic deleted or re-created): read as unknown, which "
+    "can only hold the watermark back.",
     "progress_malformed": "Records on the progress topic under a wanted key that are not "
     "progress records, skipped.",
 }

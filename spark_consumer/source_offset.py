@@ -106,6 +106,17 @@ class SourceOffset:
         version = raw.get("v")
         if version not in _READABLE_VERSIONS:
             raise OffsetFormatError(f"unknown offset version {version!r} in the checkpoint")
+        try:
+            return cls._decode(raw, int(version))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            if isinstance(error, OffsetFormatError):
+                raise
+            raise OffsetFormatError(
+                f"not an offset of version {version}: {type(error).__name__}: {error}"
+            ) from error
+
+    @classmethod
+    def _decode(cls, raw: Mapping[str, Any], version: int) -> SourceOffset:
         if version == 1:
             data = _offsets(raw["data"])
             data_from = _offsets(raw["from"])
@@ -130,7 +141,7 @@ class SourceOffset:
             progress_wait_ms=int(raw.get("progress_wait_ms", 0)),
             held=list(raw.get("held", [])),
             tasks=None if version == 1 else _optional_int(raw.get("tasks")),
-            version=int(version),
+            version=version,
         )
 
     def statuses(self) -> dict[str, str]:

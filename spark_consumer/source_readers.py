@@ -50,8 +50,8 @@ def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.Record
         task.latest_event_ms,
     )
     reading = {(t, p): _Reading(t, p, a, b) for t, p, a, b in task.ranges}
-    with reader_clients.borrowed_consumer(_reader_config(options)) as consumer:
-        yield from _read(consumer, options, builder, reading)
+    with reader_clients.borrowed_consumer(_reader_config(options)) as lease:
+        yield from _read(lease, options, builder, reading)
     _finish_task(options, task, builder, reading, batch_id)
 
 
@@ -85,9 +85,18 @@ class _Reading:
     position: int = -1
     lost: int = 0
     unknown_answers: int = 0
+    # When the position last moved (monotonic s): a range still for _GONE_CHECK_S is
+    # asked after (are its records gone?).
+    moved_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.position = self.start
+        self.moved_at = time.monotonic()
+
+    def move_to(self, position: int) -> None:
+        if position > self.position:
+            self.position = position
+            self.moved_at = time.monotonic()
 
     @property
     def done(self) -> bool:
@@ -95,10 +104,14 @@ class _Reading:
 
 
 def _read(
-    consumer: Any, options: SourceOptions, builder: _Builder, reading: dict[_Key, _Reading]
+    lease: reader_clients.Lease,
+    options: SourceOptions,
+    builder: _Builder,
+    reading: dict[_Key, _Reading],
 ) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import TopicPartition
 
+    consumer = lease.consumer
     open_ranges = {key: r for key, r in reading.items() if not r.done}
     assigned = [TopicPartition(t, p, r.position) for (t, p), r in open_ranges.items()]
     consumer.assign(assigned)
@@ -108,40 +121,25 @@ def _read(
     deadline = time.monotonic() + options.read_timeout_s
     next_check = time.monotonic() + _GONE_CHECK_S
     while open_ranges:
-        wanted = sum(r.end - r.position for r in open_ranges.values())
-        messages = consumer.consume(num_messages=min(10_000, wanted), timeout=0.5)
-        failures: dict[_Key, Any] = {}
-        for key, records, failure in _runs(messages):
-            current = open_ranges.get(key)
-            if current is None:
-                if failure is not None and key not in reading:
-                    raise SourceError(f"reading {_where(reading)}: {failure}")
-                continue  # a range read whole (fetched past its end), or one not ours
-            if failure is not None:
-                failures.setdefault(key, failure)
-                continue
-            in_range = (
-                records
-                if records[-1].offset() < current.end
-                else [m for m in records if m.offset() < current.end]
-            )
-            if in_range:
-                builder.add_many(in_range, current)
-                current.position = int(in_range[-1].offset()) + 1
-            if records[-1].offset() >= current.end:
-                current.position = current.end  # read past the range: it is complete
+        asked = min(10_000, sum(r.end - r.position for r in open_ranges.values()))
+        messages = consumer.consume(num_messages=asked, timeout=0.5)
+        failures = _take(messages, open_ranges, reading, builder, lease)
         if len(builder) >= options.max_records_per_arrow_batch:
             yield builder.flush()
         if messages:
             deadline = time.monotonic() + options.read_timeout_s
-        stalled = failures or (
-            {key: None for key in open_ranges}
-            if not messages and time.monotonic() > next_check
-            else {}
-        )
+        now = time.monotonic()
+        stalled: dict[_Key, Any] = dict(failures)
+        if now >= next_check and len(messages) < asked:
+            # The consumer has nothing more queued: a range still this long gets nothing.
+            stalled.update(
+                (key, None)
+                for key, r in open_ranges.items()
+                if key not in stalled and now - r.moved_at >= _GONE_CHECK_S
+            )
         if stalled:
             # An error, or ranges that stopped arriving: are their records gone?
-            next_check = time.monotonic() + _GONE_CHECK_S
+            next_check = now + _GONE_CHECK_S
             if _follow_gone(consumer, options, open_ranges, stalled):
                 deadline = time.monotonic() + options.read_timeout_s
         _skip_gaps(consumer, open_ranges)
@@ -152,13 +150,53 @@ def _read(
             for key in finished:
                 del open_ranges[key]
         if open_ranges and time.monotonic() > deadline:
-            late = next(iter(open_ranges.values()))
+            late = list(open_ranges.values())
+            named = ", ".join(
+                f"{r.topic}[{r.partition}] at {r.position} of {r.end}" for r in late[:5]
+            )
             raise SourceError(
-                f"timed out reading {late.topic}[{late.partition}] at {late.position}, "
-                f"expected up to {late.end}"
+                f"timed out reading {len(late)} range(s) after {options.read_timeout_s:.0f}s "
+                f"without a record: {named}"
             )
     if len(builder):
         yield builder.flush()
+
+
+def _take(
+    messages: list[Any],
+    open_ranges: dict[_Key, _Reading],
+    reading: dict[_Key, _Reading],
+    builder: _Builder,
+    lease: reader_clients.Lease,
+) -> dict[_Key, Any]:
+    """One consume call's records into the builder, each range's position moved; returns
+    the first error of each range that had one."""
+    failures: dict[_Key, Any] = {}
+    for key, records, failure in _runs(messages):
+        if failure is not None:
+            # An error event: this consumer is not given back to the pool after it.
+            lease.spoiled = True
+        current = open_ranges.get(key)
+        if current is None:
+            if failure is not None and key not in reading:
+                # Not about a range of this task (a client-wide event, or one left
+                # from an earlier task): librdkafka retries by itself.
+                log.info("reader: Kafka error for %s[%s]: %s", key[0], key[1], failure)
+            continue  # a range read whole (fetched past its end), or one not ours
+        if failure is not None:
+            failures.setdefault(key, failure)
+            continue
+        in_range = (
+            records
+            if records[-1].offset() < current.end
+            else [m for m in records if m.offset() < current.end]
+        )
+        if in_range:
+            builder.add_many(in_range, current)
+            current.move_to(int(in_range[-1].offset()) + 1)
+        if records[-1].offset() >= current.end:
+            current.move_to(current.end)  # read past the range: it is complete
+    return failures
 
 
 def _follow_gone(
@@ -168,22 +206,28 @@ def _follow_gone(
     stalled: dict[_Key, Any],
 ) -> bool:
     """Ranges whose records are gone move past them (failOnDataLoss=false) or stop the
-    query; a range that failed with its records there fails the task. True if a range
-    moved."""
+    query; a range that failed with its records there fails the task. One metadata
+    request per topic: while the broker cannot answer, nothing is asked per partition.
+    True if a range moved."""
     from confluent_kafka import TopicPartition
 
     moved = False
+    described: dict[str, Any] = {}
     for key, failure in stalled.items():
-        if key not in open_ranges:
+        current = open_ranges.get(key)
+        if current is None:
             continue
-        current = open_ranges[key]
-        gone_until, unknown = _gone_until(consumer, current, options.request_timeout_s)
+        if current.topic not in described:
+            described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
+        gone_until, unknown = _gone_until(
+            consumer, current, described[current.topic], options.request_timeout_s
+        )
         current.unknown_answers = current.unknown_answers + 1 if unknown else 0
         if current.unknown_answers >= 2:
             gone_until = current.end  # the topic or partition is gone, the range too
         if gone_until is not None:
             current.lost += _lose(options, current, gone_until)
-            current.position = gone_until
+            current.move_to(gone_until)
             moved = True
             continue
         if failure is not None:
@@ -210,13 +254,7 @@ def _skip_gaps(consumer: Any, open_ranges: dict[_Key, _Reading]) -> None:
     for answer in positions:
         current = open_ranges[(answer.topic, answer.partition)]
         if answer.offset > current.position:
-            current.position = min(answer.offset, current.end)
-
-
-def _where(reading: dict[_Key, _Reading]) -> str:
-    first = next(iter(reading.values()))
-    more = f" and {len(reading) - 1} more range(s)" if len(reading) > 1 else ""
-    return f"{first.topic}[{first.partition}]{more}"
+            current.move_to(min(answer.offset, current.end))
 
 
 def _finish_task(
@@ -250,20 +288,33 @@ def _finish_task(
 _GONE_CHECK_S = 2.0
 
 
-def _gone_until(consumer: Any, split: _Reading, timeout_s: float) -> tuple[int | None, bool]:
-    """Where the records gone from ``position`` on end (``[position, x)``), or None when
-    they are there: retention moved the log start past the position, or the offsets went
-    back (re-created, truncated). And whether the broker says the topic (or partition)
-    does not exist, which the caller believes only when it says so twice: a broker just
-    behind on metadata says so of a topic that does."""
+# What _describe answers when the broker cannot tell now.
+_CANNOT_TELL = object()
+
+
+def _describe(consumer: Any, topic: str, timeout_s: float) -> Any:
+    """The broker's metadata of one topic (None: not listed), or _CANNOT_TELL."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException:
+        return _CANNOT_TELL
+
+
+def _gone_until(
+    consumer: Any, split: _Reading, described: Any, timeout_s: float
+) -> tuple[int | None, bool]:
+    """Where the records gone from the range's position on end (``[position, x)``), or
+    None when they are there: retention moved the log start past the position, or the
+    offsets went back (re-created, truncated). And whether the broker says the topic (or
+    partition) does not exist, which the caller believes only when it says so twice: a
+    broker just behind on metadata says so of a topic that does."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    position = split.position
-    try:
-        metadata = consumer.list_topics(split.topic, timeout=timeout_s)
-    except KafkaException:
+    if described is _CANNOT_TELL:
         return None, False  # the broker cannot tell now: keep reading until the timeout
-    described = metadata.topics.get(split.topic)
+    position = split.position
     unknown = (
         described is None
         or (
@@ -316,12 +367,14 @@ def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
         if error is not None:
             failures.append(error)
 
-    producer = reader_clients.producer({**options.producer_config(), "linger.ms": 0, "acks": "all"})
+    config = {**options.producer_config(), "linger.ms": 0, "acks": "all"}
+    producer = reader_clients.producer(config)
     producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
     # A record the broker refuses (authorization, size) leaves the queue with an error:
     # the task fails now, saying why, not the next plan after its progress timeout.
     if producer.flush(options.request_timeout_s) != 0 or failures:
         why = failures[0].str() if failures else "not acknowledged in time"
+        reader_clients.drop_producer(config)  # it may be in any state now
         raise SourceError(f"progress of {key} not written to {options.progress_topic}: {why}")
 
 

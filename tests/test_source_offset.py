@@ -19,6 +19,7 @@ from spark_consumer.source_offset import (
     OffsetFormatError,
     SourceOffset,
 )
+from spark_consumer.source_partitions import TaskPartition
 from spark_consumer.valve import MIN_WATERMARK
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
@@ -216,6 +217,46 @@ def test_columns_of_different_lengths_are_not_an_offset() -> None:
 # reader (tests/source_driver.py) on Apache Kafka: write p0 0-9 and p1 0-4, step, write
 # IDLE for p1, step, step; the offset after the last step.
 VERSION_1_OFFSET = Path(__file__).parent / "data" / "offset_v1.json"
+
+
+# The first two offsets the source at commit 26a3770 returned, for the topic
+# "orders-v1": the initial one, and batch 1 planned over p0 [0, 10) and p1 [0, 5) (made
+# as above: write the records, start, plan once). A query stopped after logging batch 1
+# and before committing it replays the batch on the new release.
+VERSION_1_BATCH = Path(__file__).parent / "data" / "offsets_v1_batch.json"
+
+
+def test_a_batch_version_1_planned_is_replayed_and_its_progress_found(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    """The replay reads the batch one range per task and writes each range's progress as
+    version 1's readers did: the next plan, from that version 1 offset, finds it all."""
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    write.data(0, *range(10))
+    write.data(1, *range(5))
+    logged = json.loads(VERSION_1_BATCH.read_text().replace("orders-v1", topic))
+    given = options(broker.bootstrap_servers, topic, control)
+    replay = Driven.restart(given, logged["start"])
+    try:
+        tasks = replay.reader.partitions(replay.offset, logged["end"])
+        assert [t.ranges for t in tasks if isinstance(t, TaskPartition)] == [
+            ((topic, 0, 0, 10),),
+            ((topic, 1, 0, 5),),
+        ]
+        assert len(tasks) == 2  # no synthetic row: the valve had no watermark yet
+        rows = replay.run(logged["end"])
+        assert sorted((r["partition"], r["offset"]) for r in real(rows)) == [
+            (p, o) for p, n in ((0, 10), (1, 5)) for o in range(n)
+        ]
+        replay.step()  # the plan after the replayed batch, from its version 1 offset
+        assert replay.counter("progress_lost") == 0
+        assert replay.counter("records") == 15
+        # p1's newest is 4 s: its watermark (4 s - 1 s) is the minimum.
+        assert replay.offset["watermark"] == BASE_MS + 3_000
+        assert replay.offset["v"] == OFFSET_VERSION
+    finally:
+        replay.stop()
 
 
 def test_a_query_restarts_on_an_offset_version_1_wrote(

@@ -180,3 +180,44 @@ def test_a_pooled_consumer_reads_a_partition_again_in_the_next_task(
             assert reader_clients.idle_clients() == 2  # the same consumer and producer
     finally:
         driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_records_gone_from_one_range_of_a_task_leave_its_other_ranges_whole(
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
+) -> None:
+    """One task reads both partitions; retention takes p0's first records after the batch
+    was planned: failOnDataLoss names them, or they are counted and p1 is read whole."""
+    topic, control = new_topic(partitions=2), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    write.data(0, *range(10))
+    write.data(1, *range(10))
+    given_options = options(
+        broker.bootstrap_servers,
+        topic,
+        control,
+        tasksPerBatch="1",
+        failOnDataLoss=str(fail_on_data_loss).lower(),
+    )
+    driven = Driven.start(given_options)
+    try:
+        end = driven.plan()
+        tasks = [
+            t for t in driven.reader.partitions(driven.offset, end) if isinstance(t, TaskPartition)
+        ]
+        assert [len(t.ranges) for t in tasks] == [2]
+        for future in admin.delete_records([TopicPartition(topic, 0, 5)]).values():
+            future.result(30)  # what time retention does: p0's log starts at 5
+        if fail_on_data_loss:
+            with pytest.raises(
+                SourceError, match=rf"data loss: {topic}\[0\] offsets 0 to 4 are gone"
+            ):
+                driven.run(end)
+            return
+        rows = real(driven.run(end))
+        read = sorted((r["partition"], r["offset"]) for r in rows)
+        assert read == [(0, o) for o in range(5, 10)] + [(1, o) for o in range(10)]
+        driven.step()
+        assert (driven.counter("records_lost"), driven.counter("records")) == (5, 15)
+    finally:
+        driven.stop()
