@@ -32,7 +32,7 @@ from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterStreamReader
 from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
-from spark_consumer.source_partitions import Progress, TaskPartition
+from spark_consumer.source_partitions import Progress, SyntheticPartition, TaskPartition
 
 
 def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:
@@ -60,8 +60,13 @@ def _write_progress(
 ) -> None:
     """What each reader task of the batch (start, end] writes when it finishes."""
     for split in reader.partitions(start, end):
-        if not isinstance(split, TaskPartition):
+        if isinstance(split, SyntheticPartition):  # its task reports Spark's batch id
+            synthetic = Progress(0, None, -1, 0, 0, batch_id=1)
+            producer.produce(
+                reader.options.progress_topic, key=split.progress_key, value=synthetic.encode()
+            )
             continue
+        assert isinstance(split, TaskPartition)
         key = split.progress_key("timestamp")
         progress = [
             Progress(

@@ -154,8 +154,12 @@ class SourceOffset:
 
     def ranges(self) -> list[tuple[str, int, int, int]]:
         """The batch's non-empty ``[start, end)`` per partition, in topic and partition
-        order."""
-        return ranges(self.data_from, self.data)
+        order (computed once: a plan asks several times, 20 ms at 10,000 partitions)."""
+        return list(self._ranges)
+
+    @functools.cached_property
+    def _ranges(self) -> tuple[tuple[str, int, int, int], ...]:
+        return tuple(ranges(self.data_from, self.data))
 
     # ------------------------------------------------------------------ writing
 
