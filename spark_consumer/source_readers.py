@@ -222,7 +222,8 @@ def _follow_gone(
         gone_until, unknown = _gone_until(
             consumer, current, described[current.topic], options.request_timeout_s
         )
-        current.unknown_answers = current.unknown_answers + 1 if unknown else 0
+        if unknown is not None:  # (None: the broker could not tell; the count stands)
+            current.unknown_answers = current.unknown_answers + 1 if unknown else 0
         if current.unknown_answers >= 2:
             gone_until = current.end  # the topic or partition is gone, the range too
         if gone_until is not None:
@@ -304,16 +305,17 @@ def _describe(consumer: Any, topic: str, timeout_s: float) -> Any:
 
 def _gone_until(
     consumer: Any, split: _Reading, described: Any, timeout_s: float
-) -> tuple[int | None, bool]:
+) -> tuple[int | None, bool | None]:
     """Where the records gone from the range's position on end (``[position, x)``), or
     None when they are there: retention moved the log start past the position, or the
     offsets went back (re-created, truncated). And whether the broker says the topic (or
     partition) does not exist, which the caller believes only when it says so twice: a
-    broker just behind on metadata says so of a topic that does."""
+    broker just behind on metadata says so of a topic that does; None if it could not
+    tell."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     if described is _CANNOT_TELL:
-        return None, False  # the broker cannot tell now: keep reading until the timeout
+        return None, None  # the broker cannot tell now: keep reading until the timeout
     position = split.position
     unknown = (
         described is None
@@ -323,12 +325,16 @@ def _gone_until(
         )
         or (described.error is None and split.partition not in described.partitions)
     )
+    if unknown:
+        # Nothing to ask of a partition the broker does not know: asking would wait for
+        # a leader until the timeout, or get an answer from a log on its way out.
+        return None, True
     try:
         low, high = consumer.get_watermark_offsets(
             TopicPartition(split.topic, split.partition), timeout=timeout_s
         )
     except KafkaException:
-        return None, unknown
+        return None, None
     if int(low) > position:
         return min(int(low), split.end), False  # retention (or DeleteRecords) took them
     if high < position:
