@@ -4,6 +4,7 @@ written aside, their progress reported to the progress topic; or the synthetic r
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -388,6 +389,10 @@ def synthetic_progress_key(plan_id: str) -> str:
     return f"synthetic:{plan_id}"
 
 
+_partition_of = operator.methodcaller("partition")
+_topic_of = operator.methodcaller("topic")
+
+
 def _runs(messages: list[Any]) -> Iterator[tuple[_Key, list[Any], Any]]:
     """A consume call's messages by partition: each run of one partition's records (in
     offset order) with no error, or one error message with its partition.
@@ -405,6 +410,11 @@ def _runs(messages: list[Any]) -> Iterator[tuple[_Key, list[Any], Any]]:
                 yield (message.topic(), message.partition()), [message], None
             elif error.code() != KafkaError._PARTITION_EOF:
                 yield (message.topic(), message.partition()), [], error
+        return
+    first = messages[0]
+    # The common case, one partition in the whole call: told in C (no Python per record).
+    if len(set(map(_partition_of, messages))) == 1 and len(set(map(_topic_of, messages))) == 1:
+        yield (first.topic(), first.partition()), messages, None
         return
     keys = [(m.topic(), m.partition()) for m in messages]
     start = 0
