@@ -395,7 +395,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             previous_threshold=start.late_threshold,
             previous_batch_id=start_batch_id,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
-            tasks=self.options.tasks_for(sum(b - a for _, _, a, b in ranges(plan.data, ends))),
+            tasks=self.options.tasks_for(_records_between(plan.data, ends)),
         )
         if _same_batch(start, offset):
             self._cached = (start.plan_id, plan.aligner)  # still start's state
@@ -1119,6 +1119,16 @@ def _decode_progress(
     if isinstance(task, SyntheticPartition):
         return [(("", -1), Progress.decode(value))]
     return task.decode_progress(value)
+
+
+def _records_between(begin: Offsets, end: Offsets) -> int:
+    """Records from ``begin`` to ``end`` over every partition; what ``ranges`` would sum,
+    without sorting 10,000 of them on every plan (the offset sorts them once, later)."""
+    return sum(
+        max(0, finish - begin.get(topic, {}).get(partition, finish))
+        for topic, partitions in end.items()
+        for partition, finish in partitions.items()
+    )
 
 
 def _ranges_in(tasks: Iterable[TaskPartition | SyntheticPartition]) -> int:

@@ -15,6 +15,7 @@ from spark_consumer.source import (
     _nothing_new_since,
     _partition_batches,
     _rate_limit,
+    _records_between,
     _same_batch,
 )
 from spark_consumer.source_offset import SourceOffset, ranges
@@ -124,3 +125,12 @@ def test_same_batch_only_when_the_plan_changes_nothing() -> None:
         assert not _same_batch(start, dataclasses.replace(same, **change)), change
     # A range of the last batch still to account for is never "the same".
     assert not _same_batch(dataclasses.replace(start, data_from={"t": {"0": 4}}), same)
+
+
+@given(
+    st.dictionaries(st.integers(0, 20), st.tuples(st.integers(0, 50), st.integers(0, 50))),
+)
+def test_records_between_is_what_the_ranges_hold(spans: dict[int, tuple[int, int]]) -> None:
+    begin = {"t": {str(p): a for p, (a, _) in spans.items()}}
+    end = {"t": {str(p): b for p, (_, b) in spans.items()}, "u": {"0": 3}}
+    assert _records_between(begin, end) == sum(b - a for _, _, a, b in ranges(begin, end))
