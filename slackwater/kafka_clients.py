@@ -29,10 +29,17 @@ def client_settings(
     }
 
 
+# Kafka creates a topic that a metadata request names (auto.create.topics.enable, true by
+# default) unless the client says not to; librdkafka says so by default for consumers
+# only, and an AdminClient is a producer inside. A client that asks whether a topic
+# exists must never answer by making it: a deleted data topic would come back empty.
+NEVER_CREATE_TOPICS: Mapping[str, Any] = {"allow.auto.create.topics": False}
+
+
 def admin_client(
     name: str, bootstrap_servers: str, user: Mapping[str, Any] | None = None
 ) -> AdminClient:
-    return AdminClient(client_settings(name, bootstrap_servers, user))
+    return AdminClient(client_settings(name, bootstrap_servers, user, NEVER_CREATE_TOPICS))
 
 
 def consumer(
@@ -41,7 +48,9 @@ def consumer(
     user: Mapping[str, Any] | None = None,
     ours: Mapping[str, Any] | None = None,
 ) -> Consumer:
-    return Consumer(client_settings(name, bootstrap_servers, user, ours))
+    return Consumer(
+        client_settings(name, bootstrap_servers, user, {**NEVER_CREATE_TOPICS, **(ours or {})})
+    )
 
 
 def producer(

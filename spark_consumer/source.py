@@ -189,7 +189,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient(self.options.client_config())
+            self._admin = AdminClient(
+                {**self.options.client_config(), **kafka_clients.NEVER_CREATE_TOPICS}
+            )
         return self._admin
 
     def _consumer(self) -> Any:
@@ -198,6 +200,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return Consumer(
             {
                 **self.options.client_config(),
+                **kafka_clients.NEVER_CREATE_TOPICS,
                 "group.id": "slackwater-source-planner",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,

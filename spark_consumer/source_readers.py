@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from slackwater import kafka_clients
 from spark_consumer import reader_clients
 from spark_consumer.event_time import (
     MAX_EVENT_TIME_MS,
@@ -68,6 +69,7 @@ def _reader_config(options: SourceOptions) -> dict[str, Any]:
         # by default) delays the first fetch of the next task on the same consumer.
         "fetch.wait.max.ms": 10,
         **options.client_config(),
+        **kafka_clients.NEVER_CREATE_TOPICS,  # a reader asks after deleted topics
         "group.id": "slackwater-reader",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,

@@ -14,7 +14,10 @@ class Writer:
 
     def __init__(self, bootstrap: str, topic: str, control_topic: str) -> None:
         self.topic, self.control_topic = topic, control_topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        # A test that deletes its topic must not see this producer make it again.
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 0, "allow.auto.create.topics": False}
+        )
         self.log_end: dict[int, int] = {}
         self.seq = 0
 

@@ -58,6 +58,14 @@ def _delete_topic(admin: AdminClient, topic: str) -> None:
     )
 
 
+def _assert_never_listed(admin: AdminClient, topic: str, seconds: float) -> None:
+    """A thing that must not happen can only be watched for a while."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert topic not in admin.list_topics(timeout=10).topics, f"{topic} was created again"
+        time.sleep(0.2)
+
+
 def _delete_records_before(admin: AdminClient, topic: str, partition: int, offset: int) -> None:
     """What time retention does: the log starts at ``offset`` from now on."""
     futures = admin.delete_records([TopicPartition(topic, partition, offset)])
@@ -338,6 +346,11 @@ def test_a_deleted_topic_leaves_the_valve_as_finished(
         assert driven.statuses()[f"{behind}:0"] == "FINISHED"
         assert sorted(SourceOffset.decode(driven.offset).data) == [ahead]
         assert driven.offset["watermark"] == BASE_MS + 18_000
+        # Asking the broker about the deleted topic did not make it again: Kafka creates
+        # a topic a request asks for (auto.create.topics.enable, true by default) unless
+        # the client says not to. The broker answers before it creates, so: a while.
+        driven.step()
+        _assert_never_listed(admin, behind, seconds=3.0)
     finally:
         driven.stop()
 
