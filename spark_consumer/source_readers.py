@@ -340,8 +340,12 @@ def _gone_until(
         return None, None
     if int(low) > position:
         return min(int(low), split.end), False  # retention (or DeleteRecords) took them
-    if high < position:
-        return split.end, False  # the offsets went back: not the records planned on
+    if high <= position:
+        # The log ends where the open range still wants records: the offsets went back
+        # (re-created, truncated), the records planned on are not coming. (A new
+        # leader whose high watermark is still behind answers OFFSET_NOT_AVAILABLE,
+        # KIP-207, not a lower end.)
+        return split.end, False
     return None, False
 
 

@@ -383,6 +383,38 @@ def test_a_batch_planned_over_a_topic_deleted_before_it_is_read(
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_batch_planned_over_a_topic_recreated_empty_before_it_is_read(
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
+) -> None:
+    # Its log now ends at the range's position: the planned records are not coming
+    # (they were the old topic's), which the reader tells at its first check, not by
+    # waiting readTimeoutMs for them.
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    given = options(
+        broker.bootstrap_servers,
+        topic,
+        control,
+        failOnDataLoss=_text(fail_on_data_loss),
+        readTimeoutMs="120000",
+    )
+    driven = Driven.start(given)
+    try:
+        end = driven.plan()  # [0, 10) planned
+        _delete_topic(admin, topic)
+        wait_until(lambda: _created(admin, topic), 60, f"{topic} created again")
+        if fail_on_data_loss:
+            with pytest.raises(SourceError, match=rf"data loss: {topic}\[0\] offsets 0 to 9 are"):
+                driven.run(end)
+            return
+        assert real(driven.run(end)) == []
+        driven.step()
+        assert driven.counter("records_lost") == 10
+    finally:
+        driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_records_deleted_by_retention_before_they_are_read(
     broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
 ) -> None:
