@@ -118,9 +118,6 @@ def _read(
     open_ranges = {key: r for key, r in reading.items() if not r.done}
     assigned = [TopicPartition(t, p, r.position) for (t, p), r in open_ranges.items()]
     consumer.assign(assigned)
-    # librdkafka keeps a partition paused across unassign and assign: a pooled consumer
-    # that paused it in an earlier task (a range read whole) would never fetch it again.
-    consumer.resume(assigned)
     deadline = time.monotonic() + options.read_timeout_s
     next_check = time.monotonic() + _GONE_CHECK_S
     while open_ranges:
@@ -148,8 +145,11 @@ def _read(
         _skip_gaps(consumer, open_ranges)
         finished = [key for key, r in open_ranges.items() if r.done]
         if finished:
-            # Stop fetching what the task has read whole.
-            consumer.pause([TopicPartition(t, p) for t, p in finished])
+            # Stop fetching what the task has read whole. Not by pause(): librdkafka keeps
+            # a pause across unassign, and a pooled consumer given the partition again in
+            # a later task waited about 1 s after resume() before fetching it
+            # (docs/performance.md, "Reading rate").
+            consumer.incremental_unassign([TopicPartition(t, p) for t, p in finished])
             for key in finished:
                 del open_ranges[key]
         if open_ranges and time.monotonic() > deadline:
