@@ -1,4 +1,5 @@
-"""``slackwater broker``: Apache Kafka (one KRaft node) in the foreground."""
+"""``slackwater broker``: Apache Kafka (one KRaft node, or a cluster of ``--nodes``) in the
+foreground."""
 
 from __future__ import annotations
 
@@ -8,42 +9,62 @@ import sys
 from pathlib import Path
 
 from slackwater.cli import Commands
-from slackwater.cli_types import port
+from slackwater.cli_types import port, positive_int
 from slackwater.kafka_broker import BrokerError, KafkaBroker
+from slackwater.kafka_cluster import KafkaCluster
 from slackwater.lifecycle import Stop, raise_stop
 
 
 def add_broker_command(commands: Commands, name: str) -> None:
     broker = commands.add_parser(
-        name, help="run Apache Kafka (one KRaft node) on a loopback port in the foreground"
+        name, help="run Apache Kafka (KRaft) on loopback ports in the foreground"
     )
     broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    broker.add_argument("--port", type=port, default=9092, help="listen port (default 9092)")
+    broker.add_argument(
+        "--port",
+        type=port,
+        default=9092,
+        help="listen port (default 9092); with --nodes N, node k listens on port + k - 1",
+    )
+    broker.add_argument(
+        "--nodes",
+        type=positive_int,
+        default=1,
+        help="KRaft nodes (broker and controller each) in one cluster (default 1); from 3 "
+        "on, topics get 3 replicas and acks=all needs 2 in sync",
+    )
     broker.add_argument(
         "--log-dir",
         metavar="DIR",
-        help="keep the broker's data here and reuse it on the next start "
-        "(default: a temporary directory, removed on stop)",
+        help="keep the data here (a node-K directory per node with --nodes) and reuse it "
+        "on the next start (default: temporary directories, removed on stop)",
     )
     broker.set_defaults(run=run_broker)
 
 
 def run_broker(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, raise_stop)
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    broker: KafkaBroker | KafkaCluster
     try:
-        broker = KafkaBroker(
-            host=args.host,
-            port=args.port,
-            log_dir=Path(args.log_dir) if args.log_dir else None,
-        )
+        if args.nodes == 1:
+            broker = KafkaBroker(host=args.host, port=args.port, log_dir=log_dir)
+        else:
+            broker = KafkaCluster(args.nodes, host=args.host, first_port=args.port, log_dir=log_dir)
     except BrokerError as error:
+        signal.signal(signal.SIGTERM, previous)
         print(f"slackwater broker: {error}", file=sys.stderr)
         return 2
     try:
         broker.start()
+        logs = (
+            str(broker.server_log)
+            if isinstance(broker, KafkaBroker)
+            else ", ".join(str(log) for log in broker.server_logs)
+        )
         print(
             f"Apache Kafka (KRaft) listening; bootstrap servers: {broker.bootstrap_servers}; "
-            f"log: {broker.server_log}",
+            f"log: {logs}",
             flush=True,
         )
         code = broker.wait()

@@ -26,6 +26,16 @@ def port(value: str) -> int:
     return number
 
 
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def positive_seconds(value: str) -> float:
     try:
         seconds = float(value)

@@ -30,25 +30,37 @@ from slackwater.cli_types import ensure_port_free
 from slackwater.jars import KAFKA_BROKER, MissingJarsError, jar_files
 
 _PR_SET_PDEATHSIG = 1
-_NODE_ID = 1
 _HEAP = "-Xmx512m"
 
-# Broker settings of a single-node cluster; anything else is Apache Kafka's default.
-_SINGLE_NODE_SETTINGS = {
+# Settings of every node (broker and controller in one JVM); anything else not in
+# replication_settings is Apache Kafka's default.
+_NODE_SETTINGS = {
     "process.roles": "broker,controller",
-    "node.id": str(_NODE_ID),
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
     "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-    # Internal topics cannot have three replicas on one node.
-    "offsets.topic.replication.factor": "1",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
     # A lone consumer need not wait 3 s for others to join its group.
     "group.initial.rebalance.delay.ms": "0",
 }
+
+
+def replication_settings(nodes: int) -> dict[str, str]:
+    """Replication for a cluster of ``nodes``: three replicas where there are three nodes,
+    and a write acknowledged by all in-sync replicas needs two of them, as production
+    clusters run; one node holds one replica of everything (internal topics included:
+    Kafka's default of three cannot be placed on it)."""
+    replicas = min(3, nodes)
+    in_sync = min(2, replicas)
+    return {
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": str(in_sync),
+        "offsets.topic.replication.factor": str(replicas),
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": str(in_sync),
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": str(in_sync),
+    }
+
 
 _LOG4J2_PROPERTIES = """\
 status = error
@@ -67,8 +79,13 @@ class BrokerError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on ``host``; BrokerError (one line) if ``host`` cannot be listened on
+    at all (not an address, a name that does not resolve, not this machine's)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        try:
+            sock.bind((host, 0))
+        except OSError as error:  # socket.gaierror for a name or address that is none
+            raise BrokerError(f"cannot listen on {host!r}: {error.strerror or error}") from None
         port: int = sock.getsockname()[1]
         return port
 
@@ -101,24 +118,33 @@ def cluster_id() -> str:
 
 
 class KafkaBroker:
-    """One Apache Kafka KRaft node (broker + controller) on a loopback port."""
+    """One Apache Kafka KRaft node (broker + controller) on a loopback port: a cluster of
+    its own, or one of a KafkaCluster's (which sets ``node_id``, ``cluster_id`` and
+    ``quorum_voters`` for all its nodes)."""
 
     def __init__(
         self,
         host: str = "127.0.0.1",
         port: int | None = None,
+        *,
         log_dir: Path | None = None,
         settings: Mapping[str, str] | None = None,
         log_level: str = "WARN",
+        node_id: int = 1,
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise BrokerError(f"invalid port {port}: must be between 1 and 65535")
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.controller_port = free_port(host)
+        self.node_id = node_id
+        # The quorum: this node alone unless a cluster says otherwise.
+        self.quorum_voters = f"{node_id}@{host}:{self.controller_port}"
+        self.cluster_id: str | None = None  # made at the first format unless given
+        self.expected_brokers = 1  # ready when this many brokers are registered
         self._keep_log_dir = log_dir is not None
         self.log_dir = log_dir
-        self.settings = dict(settings or {})
+        self.settings = {**replication_settings(1), **(settings or {})}
         self.log_level = log_level
         self._process: subprocess.Popen[bytes] | None = None
         self._stdout: IO[bytes] | None = None
@@ -134,6 +160,17 @@ class KafkaBroker:
         return self.log_dir / "server.log"
 
     def start(self, timeout_s: float = 60.0) -> KafkaBroker:
+        self.launch()
+        try:
+            self.wait_until_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Starts the node's process without waiting for it (a node of a three-voter
+        quorum cannot be ready before the others have started too)."""
         if self._process is not None:
             raise BrokerError("broker already started")
         _check_port_free(self.host, self.port)
@@ -155,12 +192,6 @@ class KafkaBroker:
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
-        try:
-            self._wait_until_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _java(self, classpath: str) -> list[str]:
         assert self.log_dir is not None
@@ -178,8 +209,9 @@ class KafkaBroker:
     def _write_config(self) -> Path:
         assert self.log_dir is not None
         settings = {
-            **_SINGLE_NODE_SETTINGS,
-            "controller.quorum.voters": f"{_NODE_ID}@{self.host}:{self.controller_port}",
+            **_NODE_SETTINGS,
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters,
             "listeners": (
                 f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
             ),
@@ -195,13 +227,16 @@ class KafkaBroker:
         return properties
 
     def _format(self, classpath: str, properties: Path) -> None:
-        """KRaft needs a formatted log directory (kafka-storage.sh format) before a first start."""
+        """KRaft needs a formatted log directory (kafka-storage.sh format) before a first
+        start; every node of a cluster with the same cluster id."""
+        if self.cluster_id is None:
+            self.cluster_id = cluster_id()
         command = [
             *self._java(classpath),
             "kafka.tools.StorageTool",
             "format",
             "--cluster-id",
-            cluster_id(),
+            self.cluster_id,
             "--config",
             str(properties),
         ]
@@ -210,24 +245,34 @@ class KafkaBroker:
             detail = (result.stderr or result.stdout).strip().splitlines()
             raise BrokerError(f"formatting {self.log_dir} failed: {detail[-1] if detail else ''}")
 
-    def _wait_until_ready(self, timeout_s: float) -> None:
-        """Ready when the broker lists itself in a metadata answer (its listener alone is not)."""
+    def wait_until_ready(self, timeout_s: float) -> None:
+        """Ready when the broker's metadata answer lists the cluster's brokers, itself among
+        them (its listener alone is not)."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
-        assert self._process is not None
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise BrokerError(
-                    f"broker exited with code {self._process.returncode} while starting"
-                    f" (log: {self.server_log})"
-                )
+            self.check_running()
             with contextlib.suppress(Exception):
-                if admin.list_topics(timeout=1).brokers:
+                brokers = admin.list_topics(timeout=1).brokers
+                if self.node_id in brokers and len(brokers) >= self.expected_brokers:
                     return
             time.sleep(0.1)
         raise BrokerError(f"broker not ready on {self.bootstrap_servers} in {timeout_s}s")
+
+    def check_running(self) -> None:
+        """BrokerError if the node's process has exited (its log named)."""
+        assert self._process is not None
+        if self._process.poll() is not None:
+            raise BrokerError(
+                f"broker exited with code {self._process.returncode} while starting"
+                f" (log: {self.server_log})"
+            )
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def wait(self) -> int:
         """Blocks until the broker process exits; returns its exit code."""
@@ -240,6 +285,11 @@ class KafkaBroker:
             self._process.kill()
             self._process.wait()
         self._release()
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (a cluster stops its nodes together)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
 
     def stop(self, timeout_s: float = 30.0, *, remove_log_dir: bool | None = None) -> None:
         """SIGTERM (controlled shutdown); removes a temporary log directory unless told not to."""

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from slackwater.kafka_broker import KafkaBroker
+from slackwater.kafka_cluster import KafkaCluster
 from spark_consumer import reader_clients
 
 if TYPE_CHECKING:
@@ -26,8 +27,11 @@ if TYPE_CHECKING:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "broker" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "broker" in fixtures or "cluster" in fixtures:
             item.add_marker(pytest.mark.integration)
+        if "cluster" in fixtures:
+            item.add_marker(pytest.mark.cluster)
 
 
 # Everything not here is Apache Kafka's default.
@@ -53,6 +57,28 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         gc.collect()
         reader_clients.close_all()  # the readers' pooled clients (tests read in-process)
         kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three Apache Kafka KRaft nodes (started only for the tests that ask); a test that
+    kills nodes gets them back from ``all_nodes_running``."""
+    log_dir = Path(tmp_path_factory.mktemp("kafka-cluster"))
+    kafka = KafkaCluster(3, log_dir=log_dir, settings=TEST_BROKER_SETTINGS).start()
+    try:
+        yield kafka
+    finally:
+        gc.collect()
+        kafka.stop()
+
+
+@pytest.fixture
+def all_nodes_running(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The cluster, with every node it lost during the test started again after it."""
+    yield cluster
+    for node in cluster.nodes:
+        if not node.running:
+            node.start(timeout_s=120)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,148 @@
+"""Apache Kafka as a cluster of KRaft nodes on loopback ports: what `slackwater broker
+--nodes 3` and the cluster tests run.
+
+Every node is broker and controller in one JVM (KafkaBroker), with its own ports, log
+directory and log file; the controllers form one quorum of all nodes (three voters for
+three nodes: a majority survives one lost node). Topics get three replicas and a write
+acknowledged by all in-sync replicas needs two (kafka_broker.replication_settings), as
+production clusters run. Ready when every node lists every broker and a record can be
+written with ``acks=all``. A node can be killed and started again on its log directory,
+which is how the tests lose a broker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, replication_settings
+
+# Written once with acks=all when the cluster starts, then deleted.
+_READY_TOPIC = "__slackwater_cluster_ready"
+
+
+class KafkaCluster:
+    """``nodes`` KRaft nodes of one cluster on ``host``."""
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        host: str = "127.0.0.1",
+        *,
+        first_port: int | None = None,
+        log_dir: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+        log_level: str = "WARN",
+    ) -> None:
+        if nodes < 1:
+            raise BrokerError(f"invalid node count {nodes}: must be at least 1")
+        if first_port is not None and not (first_port > 0 and first_port + nodes - 1 < 65536):
+            raise BrokerError(
+                f"invalid port {first_port}: {nodes} ports from it must be between 1 and 65535"
+            )
+        shared = cluster_id()
+        self.nodes = [
+            KafkaBroker(
+                host=host,
+                port=None if first_port is None else first_port + index,
+                log_dir=None if log_dir is None else log_dir / f"node-{index + 1}",
+                settings={**replication_settings(nodes), **(settings or {})},
+                log_level=log_level,
+                node_id=index + 1,
+            )
+            for index in range(nodes)
+        ]
+        voters = ",".join(f"{n.node_id}@{host}:{n.controller_port}" for n in self.nodes)
+        for node in self.nodes:
+            node.quorum_voters = voters
+            node.cluster_id = shared
+            node.expected_brokers = nodes
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    def node(self, node_id: int) -> KafkaBroker:
+        return self.nodes[node_id - 1]
+
+    def start(self, timeout_s: float = 120.0) -> KafkaCluster:
+        """Every node started, then waited for together; stopped again on a failure."""
+        try:
+            for node in self.nodes:
+                node.launch()
+            deadline = time.monotonic() + timeout_s
+            for node in self.nodes:
+                node.wait_until_ready(max(1.0, deadline - time.monotonic()))
+            self._write_with_all_replicas(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _write_with_all_replicas(self, timeout_s: float) -> None:
+        """A record acknowledged by every in-sync replica: the cluster replicates."""
+        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        deadline = time.monotonic() + timeout_s
+        replicas = min(3, len(self.nodes))
+        try:
+            admin.create_topics([NewTopic(_READY_TOPIC, 1, replicas)])[_READY_TOPIC].result(
+                timeout_s
+            )
+        except KafkaException as error:
+            if error.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a restart on kept data
+                raise BrokerError(f"cluster cannot create a topic: {error}") from None
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "acks": "all",
+                "log_level": 0,
+                "message.timeout.ms": max(1000, int((deadline - time.monotonic()) * 1000)),
+            }
+        )
+        failures: list[str] = []
+        producer.produce(
+            _READY_TOPIC,
+            b"ready",
+            on_delivery=lambda error, _m: failures.append(str(error)) if error else None,
+        )
+        if producer.flush(max(1.0, deadline - time.monotonic())) != 0 or failures:
+            raise BrokerError(
+                f"cluster not ready: a write with acks=all failed ({', '.join(failures)})"
+            )
+        admin.delete_topics([_READY_TOPIC])[_READY_TOPIC].result(timeout_s)
+
+    def wait(self) -> int:
+        """Blocks until a node's process exits; returns its exit code."""
+        while True:
+            for node in self.nodes:
+                if not node.running:
+                    return node.wait()
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM to every node at once (controlled shutdowns while the quorum still has
+        its majority), then each waited for; temporary log directories removed."""
+        for node in self.nodes:
+            node.terminate()
+        for node in self.nodes:
+            node.stop(timeout_s)
+
+    @property
+    def server_logs(self) -> list[Path]:
+        return [node.server_log for node in self.nodes]
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

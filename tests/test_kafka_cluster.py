@@ -1,0 +1,159 @@
+"""Apache Kafka as three KRaft nodes: the launcher (``KafkaCluster``, ``slackwater broker
+--nodes 3``) and what a lost broker does to writes acknowledged by all replicas."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from slackwater.kafka_broker import BrokerError, free_port
+from slackwater.kafka_cluster import KafkaCluster
+from tests.factories import SLACKWATER, run_cli, wait_until
+
+
+def _topic(admin: AdminClient, partitions: int = 1) -> str:
+    """A fresh topic with the cluster's default replication, every replica in sync."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(30)
+    wait_until(lambda: _in_sync(admin, name) == {3}, 60, f"{name} to have 3 replicas in sync")
+    return name
+
+
+def _in_sync(admin: AdminClient, topic: str) -> set[int]:
+    described = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if described is None or described.error is not None:
+        return set()
+    return {len(p.isrs) for p in described.partitions.values()}
+
+
+def _leader(admin: AdminClient, topic: str, partition: int = 0) -> int:
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader)
+
+
+def _write(bootstrap: str, topic: str, value: bytes, timeout_s: float) -> KafkaError | None:
+    """One record with acks=all; the delivery error, or None once every in-sync replica
+    has it."""
+    outcome: list[KafkaError | None] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "message.timeout.ms": int(timeout_s * 1000),
+            "allow.auto.create.topics": False,
+            "log_level": 0,
+        }
+    )
+    producer.produce(topic, value, partition=0, on_delivery=lambda e, _m: outcome.append(e))
+    producer.flush(timeout_s + 10)
+    assert len(outcome) == 1, "no delivery report"
+    return outcome[0]
+
+
+def test_three_nodes_replicate_every_topic_three_times_with_two_in_sync_needed(
+    cluster: KafkaCluster,
+) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
+    topic = _topic(admin)
+    replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
+    assert sorted(replicas) == [1, 2, 3]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    config = admin.describe_configs([resource])[resource].result(30)
+    assert config["min.insync.replicas"].value == "2"
+    assert _write(cluster.bootstrap_servers, topic, b"one", timeout_s=30) is None
+
+
+def test_a_killed_leader_moves_leadership_and_acks_all_writes_go_on_until_two_are_lost(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    cluster = all_nodes_running
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    topic = _topic(admin)
+    leader = _leader(admin, topic)
+    cluster.node(leader).kill()
+    wait_until(
+        lambda: _leader(admin, topic) not in (leader, -1), 60, "a new leader for the partition"
+    )
+    # Two replicas of three are in sync: min.insync.replicas=2 is met.
+    assert _write(cluster.bootstrap_servers, topic, b"after one lost", timeout_s=60) is None
+    second = _leader(admin, topic)
+    cluster.node(second).kill()
+    # One replica left (and one controller of three: no quorum): acks=all cannot be met.
+    refused = _write(cluster.bootstrap_servers, topic, b"after two lost", timeout_s=5)
+    assert refused is not None
+    for node_id in (leader, second):
+        cluster.node(node_id).start(timeout_s=120)
+    wait_until(lambda: _in_sync(admin, topic) == {3}, 120, f"{topic} back to 3 in sync")
+    assert _write(cluster.bootstrap_servers, topic, b"all back", timeout_s=60) is None
+
+
+def test_a_cluster_that_cannot_listen_on_its_host_is_one_error() -> None:
+    with pytest.raises(BrokerError, match=r"cannot listen on '256\.1\.1\.1'"):
+        KafkaCluster(3, host="256.1.1.1")
+
+
+def _consecutive_free_ports(count: int) -> int:
+    for _ in range(50):
+        first = free_port()
+        if first + count <= 65535 and all(_free(first + i) for i in range(1, count)):
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing() -> None:
+    port = _consecutive_free_ports(3)
+    process = subprocess.Popen(
+        [*SLACKWATER, "broker", "--nodes", "3", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first_line = process.stdout.readline()
+        bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
+        assert f"bootstrap servers: {bootstrap};" in first_line
+        logs = [Path(log.strip()) for log in first_line.rsplit("log: ", 1)[1].split(",")]
+        assert len(logs) == 3 and all(log.parent.is_dir() for log in logs)
+        children = [
+            p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "java"
+        ]
+        assert len(children) == 3
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 0
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive
+        assert not any(log.parent.exists() for log in logs)  # temporary directories
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.parametrize("host", ["256.1.1.1", "no-such-host.invalid"])
+@pytest.mark.parametrize("nodes", ["1", "3"])
+def test_cli_broker_on_a_host_it_cannot_listen_on_is_one_line(host: str, nodes: str) -> None:
+    result = run_cli("broker", "--host", host, "--nodes", nodes, timeout_s=30)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"slackwater broker: cannot listen on {host!r}: ")
