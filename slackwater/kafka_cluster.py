@@ -70,16 +70,22 @@ class KafkaCluster:
     def start(self, timeout_s: float = 120.0) -> KafkaCluster:
         """Every node started, then waited for together; stopped again on a failure."""
         try:
-            for node in self.nodes:
-                node.launch()
             deadline = time.monotonic() + timeout_s
-            for node in self.nodes:
-                node.wait_until_ready(max(1.0, deadline - time.monotonic()))
+            self.start_nodes([node.node_id for node in self.nodes], timeout_s)
             self._write_with_all_replicas(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_nodes(self, node_ids: list[int], timeout_s: float = 120.0) -> None:
+        """Nodes started (again, on their log directories) together, then waited for: a
+        node waits for a quorum, which the others it starts with may be part of."""
+        for node_id in node_ids:
+            self.node(node_id).launch()
+        deadline = time.monotonic() + timeout_s
+        for node_id in node_ids:
+            self.node(node_id).wait_until_ready(max(1.0, deadline - time.monotonic()))
 
     def _write_with_all_replicas(self, timeout_s: float) -> None:
         """A record acknowledged by every in-sync replica: the cluster replicates."""

@@ -1,0 +1,252 @@
+"""The emitter on three Apache Kafka nodes while brokers die (issue 23): leadership moves,
+requests meet NOT_LEADER and dead connections for seconds, and the markers in the control
+topic afterwards are exactly the ones the partitions' data called for.
+
+Topics have three replicas and min.insync.replicas=2 (the cluster's defaults), so one
+lost node loses no acknowledged write; losing two stops writes acknowledged by all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from slackwater.kafka_cluster import KafkaCluster
+from slackwater.markers import Marker, MarkerStatus
+from tests.emitter_harness import RunningEmitter, after_polls, control_markers, start_emitter
+from tests.factories import parsed_samples, wait_until
+from tests.test_kafka_cluster import _in_sync, _leader, _topic
+
+IDLE, ACTIVE = MarkerStatus.IDLE, MarkerStatus.ACTIVE
+# Bounds for waits that span a node's death and return (fenced after 3 s here, then a
+# new leader, then clients' metadata refreshed): never what a test asserts.
+FAULT_DEADLINE_S = 120.0
+
+
+@dataclass
+class SteadyWriter:
+    """One record every 100 ms to one partition with acks=all, through whatever the
+    cluster goes through (librdkafka buffers and retries; a record is never dropped
+    within its 60 s timeout). ``acked`` counts records every in-sync replica holds."""
+
+    bootstrap: str
+    topic: str
+    partition: int
+    acked: int = 0
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> SteadyWriter:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 0,
+                "message.timeout.ms": 60_000,
+                "log_level": 0,
+            }
+        )
+
+        def delivered(error: object, _message: object) -> None:
+            if error is None:
+                self.acked += 1
+            else:
+                self.failed.append(str(error))
+
+        while not self._stop.is_set():
+            producer.produce(self.topic, b"{}", partition=self.partition, on_delivery=delivered)
+            producer.poll(0.1)
+        producer.flush(90)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+
+    def advanced(self, records: int) -> int:
+        """The acknowledged count to wait for: ``records`` past what is acknowledged now."""
+        return self.acked + records
+
+
+def _log_end(admin: AdminClient, topic: str, partition: int) -> int:
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    future = admin.list_offsets({TopicPartition(topic, partition): latest})
+    return int(next(iter(future.values())).result(30).offset)
+
+
+def _of(markers: list[Marker], partition: int) -> list[tuple[MarkerStatus, int]]:
+    return [(m.status, m.offset) for m in markers if m.partition == partition]
+
+
+def _kill_leader(cluster: KafkaCluster, admin: AdminClient, topic: str) -> int:
+    leader = _leader(admin, topic)
+    cluster.node(leader).kill()
+    wait_until(
+        lambda: _leader(admin, topic) not in (leader, -1),
+        FAULT_DEADLINE_S,
+        f"a new leader for {topic}[0] after node {leader} was killed",
+    )
+    return leader
+
+
+def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_control_leader(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    cluster = all_nodes_running
+    bootstrap = cluster.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    data = _topic(admin, partitions=2)
+    control = f"ctl-{uuid.uuid4().hex[:12]}"
+    writer = SteadyWriter(bootstrap, data, partition=0).start()
+    wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
+    # Partition 0 receives a record every 100 ms throughout: it must never be IDLE
+    # before the writer stops, whatever the requests for it meet. Partition 1 is quiet.
+    running = start_emitter(
+        bootstrap_servers=bootstrap, topics=[data], control_topic=control, idle_timeout_ms=15_000
+    )
+    try:
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 1) == [(IDLE, 0)],
+            FAULT_DEADLINE_S,
+            "IDLE@0 for the quiet partition",
+        )
+        assert _in_sync(admin, control) == {3}  # the emitter made it with 3 replicas
+
+        # 1. The leader of the written partition dies; data goes on through a new leader.
+        lost = _kill_leader(cluster, admin, data)
+        target = writer.advanced(30)
+        wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data through the new leader")
+        after_polls(running, 10)
+        cluster.node(lost).start(timeout_s=FAULT_DEADLINE_S)
+
+        # 2. The control topic's leader dies; a marker due then is published through the
+        # new leader, once.
+        lost = _kill_leader(cluster, admin, control)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+        producer.produce(data, b"{}", partition=1)
+        assert producer.flush(FAULT_DEADLINE_S) == 0
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 1) == [(IDLE, 0), (ACTIVE, 0)],
+            FAULT_DEADLINE_S,
+            "ACTIVE@0 for partition 1 through the control topic's new leader",
+        )
+        target = writer.advanced(30)
+        wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data after the second kill")
+        cluster.node(lost).start(timeout_s=FAULT_DEADLINE_S)
+
+        # 3. The writer stops: now, and only now, partition 0 goes IDLE at its log end.
+        writer.stop()
+        final_end = _log_end(admin, data, 0)
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 0) == [(IDLE, final_end)],
+            FAULT_DEADLINE_S,
+            f"IDLE@{final_end} for partition 0 once its writer stopped",
+        )
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 1)[-1:] == [(IDLE, 1)],
+            FAULT_DEADLINE_S,
+            "IDLE@1 for partition 1",
+        )
+        after_polls(running, 10)  # nothing more is due: nothing more may come
+    finally:
+        writer.stop()
+        running.stop()
+    assert writer.failed == []
+    assert final_end == writer.acked  # no acknowledged record lost, none written twice
+    markers = control_markers(bootstrap, control)
+    assert _of(markers, 0) == [(IDLE, final_end)]
+    assert _of(markers, 1) == [(IDLE, 0), (ACTIVE, 0), (IDLE, 1)]
+    # One emitter generation, each partition's sequence numbers 0, 1, 2...: no marker
+    # written twice by a retried send, none missing.
+    assert {m.epoch for m in markers} == {markers[0].epoch}
+    for partition in (0, 1):
+        seqs = [m.seq for m in markers if m.partition == partition]
+        assert seqs == list(range(len(seqs)))
+
+
+def test_a_whole_cluster_outage_publishes_nothing_wrong_and_the_emitter_resumes_by_itself(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    cluster = all_nodes_running
+    bootstrap = cluster.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    data = _topic(admin, partitions=2)
+    control = f"ctl-{uuid.uuid4().hex[:12]}"
+    idle_timeout_s = 5.0
+    writer = SteadyWriter(bootstrap, data, partition=0).start()
+    wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
+    running = start_emitter(
+        bootstrap_servers=bootstrap,
+        topics=[data],
+        control_topic=control,
+        idle_timeout_ms=int(idle_timeout_s * 1000),
+    )
+    try:
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 1) == [(IDLE, 0)],
+            FAULT_DEADLINE_S,
+            "IDLE@0 for the quiet partition",
+        )
+        errors_before = _poll_errors(running)
+        for node in cluster.nodes:
+            node.kill()
+        wait_until(
+            lambda: running.metric("slackwater_emitter_broker_up") == 0,
+            FAULT_DEADLINE_S,
+            "the emitter to see the cluster down",
+        )
+        # Blind for longer than the idle timeout while partition 0's writer keeps
+        # producing (into its buffer): no answer is not a log end that stood still.
+        down_at = time.monotonic()
+        after_polls(running, 5)
+        wait_until(
+            lambda: time.monotonic() - down_at > 2 * idle_timeout_s,
+            FAULT_DEADLINE_S,
+            "twice the idle timeout without a broker",
+        )
+        assert _poll_errors(running) > errors_before
+        cluster.start_nodes([node.node_id for node in cluster.nodes])
+        wait_until(
+            lambda: running.metric("slackwater_emitter_broker_up") == 1,
+            FAULT_DEADLINE_S,
+            "the emitter to reach the cluster again",
+        )
+        target = writer.advanced(30)
+        wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data after the outage")
+        writer.stop()
+        final_end = _log_end(admin, data, 0)
+        wait_until(
+            lambda: _of(control_markers(bootstrap, control), 0) == [(IDLE, final_end)],
+            FAULT_DEADLINE_S,
+            f"IDLE@{final_end} for partition 0 once its writer stopped",
+        )
+        after_polls(running, 10)
+    finally:
+        writer.stop()
+        running.stop()
+    assert writer.failed == []
+    assert final_end == writer.acked
+    markers = control_markers(bootstrap, control)
+    assert _of(markers, 0) == [(IDLE, final_end)]
+    assert _of(markers, 1) == [(IDLE, 0)]
+
+
+def _poll_errors(running: RunningEmitter) -> float:
+    """Failed Admin API requests of every kind, from a real scrape."""
+    return sum(
+        value
+        for name, _labels, value in parsed_samples(running.metrics_text())
+        if name == "slackwater_emitter_poll_errors_total"
+    )
