@@ -21,7 +21,7 @@ from emitter.control_topic import (
     ReadBack,
     last_marker_per_partition,
 )
-from slackwater import kafka_clients
+from slackwater import kafka_clients, kafka_logging
 from slackwater.cli import Commands
 from slackwater.cli_types import (
     duration,
@@ -151,6 +151,20 @@ def _kafka_config(args: argparse.Namespace) -> dict[str, str] | None:
         return None
 
 
+def _broker_problem(error: Exception, kafka: dict[str, str], client: Any = None) -> str:
+    """Why a request failed, in one line: a failed authentication by name (librdkafka
+    reports a request after one as a transport failure, and tells the client's error
+    callback, served by its poll), else the error itself."""
+    if client is not None:
+        client.poll(0)
+    failure = kafka_logging.authentication_failure()
+    if failure is None:
+        return str(error)
+    who = kafka.get("sasl.username")
+    as_whom = f" as {who!r}" if who else ""
+    return f"authentication failed{as_whom}: {failure}"
+
+
 def run_finish(args: argparse.Namespace) -> int:
     kafka = _kafka_config(args)
     if kafka is None:
@@ -162,7 +176,10 @@ def run_finish(args: argparse.Namespace) -> int:
     try:
         topics = admin.list_topics(timeout=args.timeout).topics
     except KafkaException as error:
-        print(f"slackwater finish: broker unreachable: {error}", file=sys.stderr)
+        problem = _broker_problem(error, kafka, admin)
+        if not problem.startswith("authentication"):
+            problem = f"broker unreachable: {problem}"
+        print(f"slackwater finish: {problem}", file=sys.stderr)
         return 1
     if args.control_topic not in topics:
         print(
@@ -227,15 +244,16 @@ def _read_control_topic(args: argparse.Namespace, kafka: dict[str, str]) -> Read
     try:
         reader = ControlTopicReader(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
     except (KafkaException, KeyError) as error:
+        problem = _broker_problem(error, kafka) if isinstance(error, KafkaException) else error
         print(
-            f"slackwater status: cannot read control topic {args.control_topic!r}: {error}",
+            f"slackwater status: cannot read control topic {args.control_topic!r}: {problem}",
             file=sys.stderr,
         )
         return None
     try:
         return reader.read_to_end()
     except (ControlTopicError, KafkaException) as error:
-        print(f"slackwater status: {error}", file=sys.stderr)
+        print(f"slackwater status: {_broker_problem(error, kafka)}", file=sys.stderr)
         return None
     finally:
         reader.close()

@@ -113,7 +113,14 @@ class ControlTopicReader:
                 "enable.partition.eof": False,
             },
         )
-        metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        try:
+            metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException:
+            # Serves the error callback first: a failed authentication is reported there
+            # (kafka_logging.authentication_failure), the request only as a transport error.
+            self._consumer.poll(0)
+            self._consumer.close()
+            raise
         partitions = metadata.topics[topic].partitions
         self._partitions = [TopicPartition(topic, p, 0) for p in partitions]
         self._consumer.assign(self._partitions)

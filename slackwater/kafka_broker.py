@@ -142,6 +142,10 @@ class KafkaBroker:
         self.quorum_voters = f"{node_id}@{host}:{self.controller_port}"
         self.cluster_id: str | None = None  # made at the first format unless given
         self.expected_brokers = 1  # ready when this many brokers are registered
+        # For a secured node: the launcher's own clients' settings (its readiness check),
+        # and more arguments to the format tool (SCRAM credentials: --add-scram).
+        self.client_settings: dict[str, str] = {}
+        self.format_arguments: list[str] = []
         self._keep_log_dir = log_dir is not None
         self.log_dir = log_dir
         self.settings = {**replication_settings(1), **(settings or {})}
@@ -239,6 +243,7 @@ class KafkaBroker:
             self.cluster_id,
             "--config",
             str(properties),
+            *self.format_arguments,
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -251,7 +256,9 @@ class KafkaBroker:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient(
+            {**self.client_settings, "bootstrap.servers": self.bootstrap_servers, "log_level": 0}
+        )
         while time.monotonic() < deadline:
             self.check_running()
             with contextlib.suppress(Exception):

@@ -76,5 +76,20 @@ def client_logging(client: str) -> dict[str, Any]:
     def on_error(error: Any) -> None:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
         logger.warning("Kafka: %s (still retrying)", error.str())
+        if error.code() == _AUTHENTICATION:
+            _authentication_failures[client] = error.str()
 
     return {"logger": logger, "error_cb": on_error}
+
+
+# librdkafka's KafkaError._AUTHENTICATION (SASL or SSL authentication failed).
+_AUTHENTICATION = -169
+# The last authentication failure each client of this process met. librdkafka reports
+# it to error_cb and goes on retrying; a request then fails as a "transport failure",
+# so a command that gives up names this instead (authentication_failure).
+_authentication_failures: dict[str, str] = {}
+
+
+def authentication_failure() -> str | None:
+    """The broker's words for the last authentication failure of any client here."""
+    return next(reversed(_authentication_failures.values()), None)

@@ -68,10 +68,11 @@ CLUSTER_SETTINGS = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Three Apache Kafka KRaft nodes (started only for the tests that ask); a test that
-    kills nodes gets them back from ``all_nodes_running``."""
+    """Three Apache Kafka KRaft nodes for the tests of one module (three JVMs are not
+    kept beside the rest of the suite); a test that kills nodes gets them back from
+    ``all_nodes_running``."""
     log_dir = Path(tmp_path_factory.mktemp("kafka-cluster"))
     kafka = KafkaCluster(3, log_dir=log_dir, settings=CLUSTER_SETTINGS).start()
     try:

@@ -129,7 +129,7 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
         target = writer.advanced(30)
         wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data through the new leader")
         after_polls(running, 10)
-        cluster.node(lost).start(timeout_s=FAULT_DEADLINE_S)
+        cluster.start_nodes([lost], FAULT_DEADLINE_S)
 
         # 2. The control topic's leader dies; a marker due then is published through the
         # new leader, once.
@@ -144,7 +144,7 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
         )
         target = writer.advanced(30)
         wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data after the second kill")
-        cluster.node(lost).start(timeout_s=FAULT_DEADLINE_S)
+        cluster.start_nodes([lost], FAULT_DEADLINE_S)
 
         # 3. The writer stops: now, and only now, partition 0 goes IDLE at its log end.
         writer.stop()

@@ -89,8 +89,7 @@ def test_a_killed_leader_moves_leadership_and_acks_all_writes_go_on_until_two_ar
     # One replica left (and one controller of three: no quorum): acks=all cannot be met.
     refused = _write(cluster.bootstrap_servers, topic, b"after two lost", timeout_s=5)
     assert refused is not None
-    for node_id in (leader, second):
-        cluster.node(node_id).start(timeout_s=120)
+    cluster.start_nodes([leader, second])  # together: each is ready once all are listed
     wait_until(lambda: _in_sync(admin, topic) == {3}, 120, f"{topic} back to 3 in sync")
     assert _write(cluster.bootstrap_servers, topic, b"all back", timeout_s=60) is None
 
