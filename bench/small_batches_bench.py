@@ -54,19 +54,24 @@ def _ends_of(progress: Any, topic: str) -> dict[str, int] | None:
 
 @dataclass
 class Topic:
-    """The topic both sources read, and its log ends as written so far."""
+    """The topics both sources read (1,000 partitions each at most: KRaft refuses to
+    create more in one request), and their log ends as written so far."""
 
-    name: str
-    partitions: int
+    names: list[str]
+    per_topic: int
     producer: Producer
-    ends: list[int]
+    ends: dict[str, list[int]]
 
-    def write(self, records: int) -> dict[str, int]:
+    def write(self, records: int) -> dict[str, dict[str, int]]:
+        pairs = [(name, p) for name in self.names for p in range(self.per_topic)]
         for index in range(records):
-            self.producer.produce(self.name, value=b'{"ts": 1}', partition=index % self.partitions)
-            self.ends[index % self.partitions] += 1
+            name, partition = pairs[index % len(pairs)]
+            self.producer.produce(name, value=b'{"ts": 1}', partition=partition)
+            self.ends[name][partition] += 1
         assert self.producer.flush(60) == 0
-        return {str(p): end for p, end in enumerate(self.ends)}
+        return {
+            name: {str(p): end for p, end in enumerate(ends)} for name, ends in self.ends.items()
+        }
 
 
 def _round(query: Any, topic: Topic, records: int) -> float:
@@ -76,10 +81,12 @@ def _round(query: Any, topic: Topic, records: int) -> float:
     deadline = started + 600
     while time.perf_counter() < deadline:
         progress = query.lastProgress
-        if progress is not None and _ends_of(progress, topic.name) == wanted:
+        if progress is not None and all(
+            _ends_of(progress, name) == ends for name, ends in wanted.items()
+        ):
             return time.perf_counter() - started
         time.sleep(0.02)
-    raise TimeoutError(f"no batch reached {topic.name}'s ends in 600 s")
+    raise TimeoutError(f"no batch reached the ends of {topic.names} in 600 s")
 
 
 def measure(load: Callable[[], DataFrame], topic: Topic, records: int, rounds: int) -> float:
@@ -123,29 +130,29 @@ def main() -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
         for partitions in args.partitions:
-            topic = f"small-{uuid.uuid4().hex[:8]}"
+            per_topic = min(partitions, 1_000)
+            topics = [f"small-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
             control = f"small-ctl-{uuid.uuid4().hex[:8]}"
-            for future in admin.create_topics(
-                [NewTopic(topic, partitions, 1), NewTopic(control, 1, 1)]
-            ).values():
-                future.result(60)
+            admin.create_topics([NewTopic(control, 1, 1)])[control].result(60)
+            for name in topics:  # one request per topic (at most 1,000 partitions each)
+                admin.create_topics([NewTopic(name, per_topic, 1)])[name].result(120)
             time.sleep(2)  # leaders elected
-            written = Topic(topic, partitions, producer, [0] * partitions)
+            written = Topic(topics, per_topic, producer, {n: [0] * per_topic for n in topics})
 
-            def ours(topic: str = topic, control: str = control) -> DataFrame:
+            def ours(topics: list[str] = topics, control: str = control) -> DataFrame:
                 return read_stream(
                     spark,
                     bootstrap_servers=bootstrap,
-                    topics=[topic],
+                    topics=topics,
                     control_topic=control,
                     starting_offsets="latest",
                 )
 
-            def sparks(topic: str = topic) -> DataFrame:
+            def sparks(topics: list[str] = topics) -> DataFrame:
                 return (
                     spark.readStream.format("kafka")
                     .option("kafka.bootstrap.servers", bootstrap)
-                    .option("subscribe", topic)
+                    .option("subscribe", ",".join(topics))
                     .option("startingOffsets", "latest")
                     .load()
                 )
