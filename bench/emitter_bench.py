@@ -57,12 +57,21 @@ def _create(admin: AdminClient, partitions: int) -> list[str]:
 
 
 def _produce_round(producer: Producer, topics: list[str], per_topic: int) -> None:
-    """One record on every partition, delivered."""
+    """One record on every partition, delivered (else the round fails: a partition the
+    emitter then holds "behind" is the emitter's, not a record that never arrived)."""
+    failed: list[str] = []
     for topic in topics:
         for partition in range(per_topic):
-            producer.produce(topic, value=b"{}", partition=partition)
+            producer.produce(
+                topic,
+                value=b"{}",
+                partition=partition,
+                on_delivery=lambda error, _m: failed.append(str(error)) if error else None,
+            )
             producer.poll(0)
-    producer.flush(120)
+    left = producer.flush(120)
+    if left or failed:
+        raise RuntimeError(f"round not delivered: {left} in queue, failures {failed[:3]}")
 
 
 def _fill(bootstrap: str, topics: list[str], per_topic: int, group: str) -> None:
@@ -179,8 +188,11 @@ def _measure_into(case: Case, pipe: Connection) -> None:
     try:
         pipe.send(("ok", _measure(case)))
     except BaseException:
-        pipe.send(("failed", traceback.format_exc()))
-        raise
+        pipe.send(("failed", traceback.format_exc()))  # printed once, by the parent
+
+
+# Far above a measurement at 10,000 partitions (about a minute): only a hang reaches it.
+MEASURING_TIMEOUT_S = 1800
 
 
 class MeasuringFailed(RuntimeError):
@@ -195,6 +207,9 @@ def _in_fresh_process(case: Case) -> dict[str, float]:
     process.start()
     theirs.close()  # the child's end only in the child: its death is EOF here, not a hang
     try:
+        if not ours.poll(MEASURING_TIMEOUT_S):
+            process.kill()
+            raise MeasuringFailed(f"the measuring process gave nothing in {MEASURING_TIMEOUT_S}s")
         outcome, result = ours.recv()
     except EOFError:
         process.join(60)

@@ -77,5 +77,12 @@ def run_broker(args: argparse.Namespace) -> int:
         print(f"slackwater broker: {error}", file=sys.stderr)
         return 1
     finally:
-        broker.stop()
-        signal.signal(signal.SIGTERM, previous)
+        # A second Ctrl-C or SIGTERM must not cut the stop short (nodes left running,
+        # directories left behind): ignored until every node has stopped.
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            broker.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)

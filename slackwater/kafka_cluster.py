@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, replication_settings
 
@@ -92,7 +93,8 @@ class KafkaCluster:
         from confluent_kafka import KafkaException, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        settings: dict[str, Any] = {**self.nodes[0].client_settings, "log_level": 0}
+        admin = AdminClient({**settings, "bootstrap.servers": self.bootstrap_servers})
         deadline = time.monotonic() + timeout_s
         replicas = min(3, len(self.nodes))
         try:
@@ -104,9 +106,10 @@ class KafkaCluster:
                 raise BrokerError(f"cluster cannot create a topic: {error}") from None
         producer = Producer(
             {
+                **settings,
                 "bootstrap.servers": self.bootstrap_servers,
                 "acks": "all",
-                "log_level": 0,
+                "allow.auto.create.topics": False,  # the topic is deleted right after
                 "message.timeout.ms": max(1000, int((deadline - time.monotonic()) * 1000)),
             }
         )

@@ -77,6 +77,7 @@ def client_logging(client: str) -> dict[str, Any]:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
         logger.warning("Kafka: %s (still retrying)", error.str())
         if error.code() == _AUTHENTICATION:
+            _authentication_failures.pop(client, None)  # the newest last
             _authentication_failures[client] = error.str()
 
     return {"logger": logger, "error_cb": on_error}

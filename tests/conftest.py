@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if "broker" in fixtures or "cluster" in fixtures:
+        if {"broker", "cluster", "secured"} & set(fixtures):
             item.add_marker(pytest.mark.integration)
         if "cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)

@@ -116,6 +116,8 @@ def _free(port: int) -> bool:
     return True
 
 
+@pytest.mark.integration
+@pytest.mark.cluster
 def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing() -> None:
     port = _consecutive_free_ports(3)
     process = subprocess.Popen(
@@ -144,7 +146,11 @@ def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing(
         assert not any(log.parent.exists() for log in logs)  # temporary directories
     finally:
         if process.poll() is None:
-            process.kill()
+            process.send_signal(signal.SIGTERM)  # the launcher stops the nodes, removes dirs
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 @pytest.mark.parametrize("host", ["256.1.1.1", "no-such-host.invalid"])

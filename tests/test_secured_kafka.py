@@ -138,6 +138,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     try:
         admin = AdminClient({"bootstrap.servers": node.bootstrap_servers, **credentials("admin")})
         admin.create_topics([NewTopic(DATA, num_partitions=2)])[DATA].result(30)
+        # Made here, as an operator would, so that each test can run alone (the emitter
+        # would make it too: its principal may).
+        admin.create_topics(
+            [NewTopic(CONTROL, num_partitions=1, config={"cleanup.policy": "compact"})]
+        )[CONTROL].result(30)
         for future in admin.create_acls(acls_of_deploy_md()).values():
             future.result(30)
         yield node
