@@ -90,7 +90,7 @@ class KafkaCluster:
 
     def _write_with_all_replicas(self, timeout_s: float) -> None:
         """A record acknowledged by every in-sync replica: the cluster replicates."""
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
         settings: dict[str, Any] = {**self.nodes[0].client_settings, "log_level": 0}
@@ -102,7 +102,7 @@ class KafkaCluster:
                 timeout_s
             )
         except KafkaException as error:
-            if error.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a restart on kept data
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # a restart on kept data
                 raise BrokerError(f"cluster cannot create a topic: {error}") from None
         producer = Producer(
             {

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 LOGGER_NAME = "slackwater.librdkafka"
 REPEAT_INTERVAL_S = 30.0
 # What varies between two lines of one kind: timestamps, durations, counts, ports.
@@ -76,15 +78,13 @@ def client_logging(client: str) -> dict[str, Any]:
     def on_error(error: Any) -> None:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
         logger.warning("Kafka: %s (still retrying)", error.str())
-        if error.code() == _AUTHENTICATION:
+        if error.code() == KafkaError._AUTHENTICATION:  # SASL or SSL authentication failed
             _authentication_failures.pop(client, None)  # the newest last
             _authentication_failures[client] = error.str()
 
     return {"logger": logger, "error_cb": on_error}
 
 
-# librdkafka's KafkaError._AUTHENTICATION (SASL or SSL authentication failed).
-_AUTHENTICATION = -169
 # The last authentication failure each client of this process met. librdkafka reports
 # it to error_cb and goes on retrying; a request then fails as a "transport failure",
 # so a command that gives up names this instead (authentication_failure).

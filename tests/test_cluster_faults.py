@@ -8,9 +8,11 @@ lost node loses no acknowledged write; losing two stops writes acknowledged by a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
@@ -18,14 +20,17 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from slackwater.kafka_cluster import KafkaCluster
 from slackwater.markers import Marker, MarkerStatus
+from tests.cluster_harness import (
+    FAULT_DEADLINE_S,
+    in_sync,
+    kill_leader,
+    leader_of,
+    replicated_topic,
+)
 from tests.emitter_harness import RunningEmitter, after_polls, control_markers, start_emitter
 from tests.factories import parsed_samples, wait_until
-from tests.test_kafka_cluster import _in_sync, _leader, _topic
 
 IDLE, ACTIVE = MarkerStatus.IDLE, MarkerStatus.ACTIVE
-# Bounds for waits that span a node's death and return (fenced after 3 s here, then a
-# new leader, then clients' metadata refreshed): never what a test asserts.
-FAULT_DEADLINE_S = 120.0
 
 
 @dataclass
@@ -105,47 +110,67 @@ def _of(markers: list[Marker], partition: int) -> list[tuple[MarkerStatus, int]]
     return [(m.status, m.offset) for m in markers if m.partition == partition]
 
 
-def _kill_leader(cluster: KafkaCluster, admin: AdminClient, topic: str) -> int:
-    leader = _leader(admin, topic)
-    cluster.node(leader).kill()
-    wait_until(
-        lambda: _leader(admin, topic) not in (leader, -1),
-        FAULT_DEADLINE_S,
-        f"a new leader for {topic}[0] after node {leader} was killed",
-    )
-    return leader
+@dataclass
+class Scene:
+    """A topic of two partitions on the cluster: partition 0 written every 100 ms,
+    partition 1 quiet, and an emitter watching both (its control topic ``control``)."""
+
+    bootstrap: str
+    admin: AdminClient
+    data: str
+    control: str
+    writer: SteadyWriter
+    running: RunningEmitter
+
+    def markers(self, partition: int) -> list[tuple[MarkerStatus, int]]:
+        return _of(control_markers(self.bootstrap, self.control), partition)
 
 
-def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_control_leader(
-    all_nodes_running: KafkaCluster,
-) -> None:
-    cluster = all_nodes_running
+@contextlib.contextmanager
+def _written_and_watched(cluster: KafkaCluster, idle_timeout_ms: int) -> Iterator[Scene]:
+    """The scene, once the quiet partition is IDLE@0; its writer and emitter stopped
+    when the block ends, also when it fails."""
     bootstrap = cluster.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    data = _topic(admin, partitions=2)
+    data = replicated_topic(admin, partitions=2)
     control = f"ctl-{uuid.uuid4().hex[:12]}"
     writer = SteadyWriter(bootstrap, data, partition=0)
     running: RunningEmitter | None = None
     try:
         writer.start()
         wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
-        # Partition 0 receives a record every 100 ms throughout: it must never be IDLE
-        # before the writer stops, whatever the requests for it meet. Partition 1 is quiet.
         running = start_emitter(
             bootstrap_servers=bootstrap,
             topics=[data],
             control_topic=control,
-            idle_timeout_ms=15_000,
+            idle_timeout_ms=idle_timeout_ms,
         )
+        scene = Scene(bootstrap, admin, data, control, writer, running)
         wait_until(
-            lambda: _of(control_markers(bootstrap, control), 1) == [(IDLE, 0)],
+            lambda: scene.markers(1) == [(IDLE, 0)],
             FAULT_DEADLINE_S,
             "IDLE@0 for the quiet partition",
         )
-        assert _in_sync(admin, control) == {3}  # the emitter made it with 3 replicas
+        yield scene
+    finally:
+        writer.stop()
+        if running is not None:
+            running.stop()
+
+
+def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_control_leader(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    cluster = all_nodes_running
+    # Partition 0 receives a record every 100 ms throughout: it must never be IDLE
+    # before the writer stops, whatever the requests for it meet. Partition 1 is quiet.
+    with _written_and_watched(cluster, idle_timeout_ms=15_000) as scene:
+        admin, data, control, writer = scene.admin, scene.data, scene.control, scene.writer
+        running = scene.running
+        assert in_sync(admin, control) == {3}  # the emitter made it with 3 replicas
 
         # 1. The leader of the written partition dies; data goes on through a new leader.
-        lost = _kill_leader(cluster, admin, data)
+        lost = kill_leader(cluster, admin, data)
         target = writer.advanced(30)
         wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data through the new leader")
         after_polls(running, 10)
@@ -154,17 +179,17 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
         # 2. The control topic's leader dies, and only then does partition 1 get a record:
         # the ACTIVE it calls for falls due while the control topic has no leader, and is
         # published once, through the new one.
-        lost = _leader(admin, control)
+        lost = leader_of(admin, control)
         cluster.node(lost).kill()
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+        producer = Producer({"bootstrap.servers": scene.bootstrap, "acks": "all", "log_level": 0})
         producer.produce(data, b"{}", partition=1)
         assert producer.flush(FAULT_DEADLINE_S) == 0
         wait_until(
-            lambda: (ACTIVE, 0) in _of(control_markers(bootstrap, control), 1),
+            lambda: (ACTIVE, 0) in scene.markers(1),
             FAULT_DEADLINE_S,
             "ACTIVE@0 for partition 1 through the control topic's new leader",
         )
-        assert _leader(admin, control) not in (lost, -1)
+        assert leader_of(admin, control) not in (lost, -1)
         target = writer.advanced(30)
         wait_until(lambda: writer.acked >= target, FAULT_DEADLINE_S, "data after the second kill")
         cluster.start_nodes([lost], FAULT_DEADLINE_S)
@@ -173,23 +198,19 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
         writer.stop()
         final_end = _log_end(admin, data, 0)
         wait_until(
-            lambda: _of(control_markers(bootstrap, control), 0) == [(IDLE, final_end)],
+            lambda: scene.markers(0) == [(IDLE, final_end)],
             FAULT_DEADLINE_S,
             f"IDLE@{final_end} for partition 0 once its writer stopped",
         )
         wait_until(
-            lambda: _of(control_markers(bootstrap, control), 1)[-1:] == [(IDLE, 1)],
+            lambda: scene.markers(1)[-1:] == [(IDLE, 1)],
             FAULT_DEADLINE_S,
             "IDLE@1 for partition 1",
         )
         after_polls(running, 10)  # nothing more is due: nothing more may come
-    finally:
-        writer.stop()
-        if running is not None:
-            running.stop()
     assert writer.failed == []
     assert final_end == writer.acked  # no acknowledged record lost, none written twice
-    markers = control_markers(bootstrap, control)
+    markers = control_markers(scene.bootstrap, control)
     assert _of(markers, 0) == [(IDLE, final_end)]
     assert _of(markers, 1) == [(IDLE, 0), (ACTIVE, 0), (IDLE, 1)]
     # One emitter generation, each partition's sequence numbers 0, 1, 2...: no marker
@@ -204,27 +225,9 @@ def test_a_whole_cluster_outage_publishes_nothing_wrong_and_the_emitter_resumes_
     all_nodes_running: KafkaCluster,
 ) -> None:
     cluster = all_nodes_running
-    bootstrap = cluster.bootstrap_servers
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    data = _topic(admin, partitions=2)
-    control = f"ctl-{uuid.uuid4().hex[:12]}"
     idle_timeout_s = 5.0
-    writer = SteadyWriter(bootstrap, data, partition=0)
-    running: RunningEmitter | None = None
-    try:
-        writer.start()
-        wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
-        running = start_emitter(
-            bootstrap_servers=bootstrap,
-            topics=[data],
-            control_topic=control,
-            idle_timeout_ms=int(idle_timeout_s * 1000),
-        )
-        wait_until(
-            lambda: _of(control_markers(bootstrap, control), 1) == [(IDLE, 0)],
-            FAULT_DEADLINE_S,
-            "IDLE@0 for the quiet partition",
-        )
+    with _written_and_watched(cluster, idle_timeout_ms=int(idle_timeout_s * 1000)) as scene:
+        admin, data, writer, running = scene.admin, scene.data, scene.writer, scene.running
         errors_before = _poll_errors(running)
         for node in cluster.nodes:
             node.kill()
@@ -254,18 +257,14 @@ def test_a_whole_cluster_outage_publishes_nothing_wrong_and_the_emitter_resumes_
         writer.stop()
         final_end = _log_end(admin, data, 0)
         wait_until(
-            lambda: _of(control_markers(bootstrap, control), 0) == [(IDLE, final_end)],
+            lambda: scene.markers(0) == [(IDLE, final_end)],
             FAULT_DEADLINE_S,
             f"IDLE@{final_end} for partition 0 once its writer stopped",
         )
         after_polls(running, 10)
-    finally:
-        writer.stop()
-        if running is not None:
-            running.stop()
     assert writer.failed == []
     assert final_end == writer.acked
-    markers = control_markers(bootstrap, control)
+    markers = control_markers(scene.bootstrap, scene.control)
     assert _of(markers, 0) == [(IDLE, final_end)]
     assert _of(markers, 1) == [(IDLE, 0)]
 

@@ -4,38 +4,19 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 from confluent_kafka import KafkaError, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource
 
+from slackwater.cli_types import ensure_port_free
 from slackwater.kafka_broker import BrokerError, free_port
 from slackwater.kafka_cluster import KafkaCluster
+from tests.cluster_harness import in_sync, kill_leader, leader_of, replicated_topic
 from tests.factories import SLACKWATER, run_cli, wait_until
-
-
-def _topic(admin: AdminClient, partitions: int = 1) -> str:
-    """A fresh topic with the cluster's default replication, every replica in sync."""
-    name = f"c-{uuid.uuid4().hex[:12]}"
-    admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(30)
-    wait_until(lambda: _in_sync(admin, name) == {3}, 60, f"{name} to have 3 replicas in sync")
-    return name
-
-
-def _in_sync(admin: AdminClient, topic: str) -> set[int]:
-    described = admin.list_topics(topic, timeout=10).topics.get(topic)
-    if described is None or described.error is not None:
-        return set()
-    return {len(p.isrs) for p in described.partitions.values()}
-
-
-def _leader(admin: AdminClient, topic: str, partition: int = 0) -> int:
-    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader)
 
 
 def _write(bootstrap: str, topic: str, value: bytes, timeout_s: float) -> KafkaError | None:
@@ -62,7 +43,7 @@ def test_three_nodes_replicate_every_topic_three_times_with_two_in_sync_needed(
 ) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
-    topic = _topic(admin)
+    topic = replicated_topic(admin)
     replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
     assert sorted(replicas) == [1, 2, 3]
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
@@ -76,21 +57,17 @@ def test_a_killed_leader_moves_leadership_and_acks_all_writes_go_on_until_two_ar
 ) -> None:
     cluster = all_nodes_running
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    topic = _topic(admin)
-    leader = _leader(admin, topic)
-    cluster.node(leader).kill()
-    wait_until(
-        lambda: _leader(admin, topic) not in (leader, -1), 60, "a new leader for the partition"
-    )
+    topic = replicated_topic(admin)
+    leader = kill_leader(cluster, admin, topic, timeout_s=60)
     # Two replicas of three are in sync: min.insync.replicas=2 is met.
     assert _write(cluster.bootstrap_servers, topic, b"after one lost", timeout_s=60) is None
-    second = _leader(admin, topic)
+    second = leader_of(admin, topic)
     cluster.node(second).kill()
     # One replica left (and one controller of three: no quorum): acks=all cannot be met.
     refused = _write(cluster.bootstrap_servers, topic, b"after two lost", timeout_s=5)
     assert refused is not None
     cluster.start_nodes([leader, second])  # together: each is ready once all are listed
-    wait_until(lambda: _in_sync(admin, topic) == {3}, 120, f"{topic} back to 3 in sync")
+    wait_until(lambda: in_sync(admin, topic) == {3}, 120, f"{topic} back to 3 in sync")
     assert _write(cluster.bootstrap_servers, topic, b"all back", timeout_s=60) is None
 
 
@@ -102,18 +79,11 @@ def test_a_cluster_that_cannot_listen_on_its_host_is_one_error() -> None:
 def _consecutive_free_ports(count: int) -> int:
     for _ in range(50):
         first = free_port()
-        if first + count <= 65535 and all(_free(first + i) for i in range(1, count)):
+        if first + count <= 65535 and all(
+            ensure_port_free("127.0.0.1", first + i) is None for i in range(1, count)
+        ):
             return first
     raise AssertionError(f"no {count} consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.mark.integration

@@ -11,6 +11,7 @@ ANONYMOUS principal is a super user, as KRaft needs for a combined node).
 from __future__ import annotations
 
 import shlex
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -64,6 +65,31 @@ def cli_credentials(user: str, password: str | None = None) -> list[str]:
         for key, value in credentials(user, password).items()
         for argument in ("--kafka-config", f"{key}={value}")
     ]
+
+
+def _command_as(
+    user: str, node: KafkaBroker, command: str, *arguments: str, password: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``slackwater <command>`` on the control topic, with ``user``'s credentials."""
+    return run_cli(
+        command,
+        "--bootstrap-servers",
+        node.bootstrap_servers,
+        "--control-topic",
+        CONTROL,
+        *arguments,
+        *cli_credentials(user, password),
+        timeout_s=120,
+    )
+
+
+def _one_failure_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with one line of its own on stderr and no traceback: that line."""
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("slackwater")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
 
 
 def acls_of_deploy_md() -> list[AclBinding]:
@@ -218,19 +244,7 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         assert len(outcome) == 1 and outcome[0] is not None
         assert outcome[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
         # An operator's finish request is allowed; the emitter turns it into FINISHED.
-        result = run_cli(
-            "finish",
-            "--bootstrap-servers",
-            secured.bootstrap_servers,
-            "--control-topic",
-            CONTROL,
-            "--topic",
-            DATA,
-            "--partition",
-            "0",
-            *cli_credentials("ops"),
-            timeout_s=120,
-        )
+        result = _command_as("ops", secured, "finish", "--topic", DATA, "--partition", "0")
         assert result.returncode == 0, result.stderr
         wait_until(
             lambda: (
@@ -253,41 +267,23 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
 def test_wrong_credentials_are_one_line_and_a_non_zero_exit(
     secured: KafkaBroker, command: str
 ) -> None:
-    arguments = ["--bootstrap-servers", secured.bootstrap_servers, "--control-topic", CONTROL]
-    if command == "finish":
-        arguments += ["--topic", DATA, "--partition", "0", "--timeout", "10"]
+    arguments = (
+        ["--topic", DATA, "--partition", "0", "--timeout", "10"] if command == "finish" else []
+    )
     wrong = f"not-the-password-{uuid.uuid4().hex[:6]}"
-    result = run_cli(command, *arguments, *cli_credentials("ops", wrong), timeout_s=120)
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("slackwater")]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"slackwater {command}: ")
-    assert "authentication failed as 'ops'" in lines[0]
+    result = _command_as("ops", secured, command, *arguments, password=wrong)
+    line = _one_failure_line(result)
+    assert line.startswith(f"slackwater {command}: ")
+    assert "authentication failed as 'ops'" in line
     assert wrong not in result.stderr + result.stdout
 
 
 def test_finish_without_the_right_to_write_the_control_topic_is_one_line(
     secured: KafkaBroker,
 ) -> None:
-    result = run_cli(
-        "finish",
-        "--bootstrap-servers",
-        secured.bootstrap_servers,
-        "--control-topic",
-        CONTROL,
-        "--topic",
-        DATA,
-        "--partition",
-        "1",
-        "--timeout",
-        "10",
-        *cli_credentials("orders-job"),
-        timeout_s=120,
+    result = _command_as(
+        "orders-job", secured, "finish", "--topic", DATA, "--partition", "1", "--timeout", "10"
     )
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("slackwater")]
-    assert len(lines) == 1, result.stderr
-    assert "authorization failed" in lines[0].lower(), lines[0]
+    line = _one_failure_line(result)
+    assert "authorization failed" in line.lower(), line
     assert PASSWORDS["orders-job"] not in result.stderr + result.stdout

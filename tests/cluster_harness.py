@@ -1,0 +1,49 @@
+"""Topics and leaders on the three-node test cluster (tests/conftest.py ``cluster``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from slackwater.kafka_cluster import KafkaCluster
+from tests.factories import wait_until
+
+# Bounds for waits that span a node's death and return (fenced after 3 s here, then a
+# new leader, then clients' metadata refreshed): never what a test asserts.
+FAULT_DEADLINE_S = 120.0
+
+
+def replicated_topic(admin: AdminClient, partitions: int = 1) -> str:
+    """A fresh topic with the cluster's default replication, every replica in sync."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(30)
+    wait_until(lambda: in_sync(admin, name) == {3}, 60, f"{name} to have 3 replicas in sync")
+    return name
+
+
+def in_sync(admin: AdminClient, topic: str) -> set[int]:
+    """The sizes of the topic's partitions' in-sync replica sets (empty: not listed)."""
+    described = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if described is None or described.error is not None:
+        return set()
+    return {len(p.isrs) for p in described.partitions.values()}
+
+
+def leader_of(admin: AdminClient, topic: str, partition: int = 0) -> int:
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader)
+
+
+def kill_leader(
+    cluster: KafkaCluster, admin: AdminClient, topic: str, timeout_s: float = FAULT_DEADLINE_S
+) -> int:
+    """SIGKILLs the leader of ``topic``'s partition 0 and waits for another; returns the
+    killed node's id."""
+    leader = leader_of(admin, topic)
+    cluster.node(leader).kill()
+    wait_until(
+        lambda: leader_of(admin, topic) not in (leader, -1),
+        timeout_s,
+        f"a new leader for {topic}[0] after node {leader} was killed",
+    )
+    return leader
