@@ -82,7 +82,12 @@ from spark_consumer.source_partitions import (
     TaskPartition,
     group_ranges,
 )
-from spark_consumer.source_readers import read_synthetic, read_task, synthetic_progress_key
+from spark_consumer.source_readers import (
+    GONE_CHECK_S,
+    read_synthetic,
+    read_task,
+    synthetic_progress_key,
+)
 from spark_consumer.valve import MIN_WATERMARK
 
 # The source's public names; the rest lives in source_options, source_partitions and
@@ -100,8 +105,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 # How long a partition must be missing from the broker's metadata before it leaves.
 VANISHED_AFTER_S = 5.0
-# How often a planner waiting for progress asks whether the records it waits for are gone.
-_GONE_CHECK_INTERVAL_S = 2.0
 # What reading a topic that does not exist (any more) answers.
 _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -170,11 +173,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # Partitions the broker stopped listing, since when (monotonic s): they leave
         # the reading only once their absence lasts (_vanished).
         self._absent_since: dict[tuple[str, int], float] = {}
-        # (plan id, aligner) of the offset this planner returned last: the next call
-        # usually starts from it and need not rebuild the state from JSON.
-        self._cached: tuple[str, MarkerAligner] | None = None
-        # The offset it returned last, decoded (see _decoded).
-        self._last_offset: SourceOffset | None = None
+        # The offset this planner returned last, and the aligner state it left there
+        # (None once a plan has begun changing it): the next call usually starts from
+        # that offset and need neither decode it nor rebuild the state from JSON.
+        self._last: tuple[SourceOffset, MarkerAligner | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Executors get the options only: Kafka clients stay with the planner."""
@@ -401,24 +403,25 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             tasks=self.options.tasks_for(_records_between(plan.data, ends)),
         )
         if _same_batch(start, offset):
-            self._cached = (start.plan_id, plan.aligner)  # still start's state
+            self._last = (start, plan.aligner)  # still start's state
             return start_json  # nothing new: no batch
-        self._cached = (offset.plan_id, plan.aligner)
-        return self._returned(offset)
+        return self._returned(offset, plan.aligner)
 
     def _decoded(self, raw: dict[str, Any]) -> SourceOffset:
         """An offset Spark handed back; the one this planner returned last is not read
         again (at 10,000 partitions, decoding is tens of milliseconds)."""
-        last = self._last_offset
-        if last is not None and raw.get("plan_id") == last.plan_id and last.plan_id:
-            return last
+        last = self._last
+        if last is not None and last[0].plan_id and raw.get("plan_id") == last[0].plan_id:
+            return last[0]
         try:
             return SourceOffset.decode(raw)
         except OffsetFormatError as error:
             raise SourceError(str(error)) from error
 
-    def _returned(self, offset: SourceOffset) -> dict[str, Any]:
-        self._last_offset = offset
+    def _returned(
+        self, offset: SourceOffset, aligner: MarkerAligner | None = None
+    ) -> dict[str, Any]:
+        self._last = (offset, aligner)
         return offset.encode()
 
     def _follow_partitions(
@@ -569,9 +572,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return _BrokerNow(counts, frozenset(metadata.topics), latest, control_ends)
 
     def _restore(self, offset: SourceOffset) -> _Plan:
-        cached = self._cached
-        if cached is not None and cached[0] == offset.plan_id:
-            aligner = cached[1]  # the state this planner left in that offset: no restore
+        last = self._last
+        if last is not None and last[1] is not None and last[0].plan_id == offset.plan_id:
+            aligner = last[1]  # the state this planner left in that offset: no restore
+            self._last = (last[0], None)  # changed from here on
         else:
             aligner = MarkerAligner.restore(offset.aligner, channel_of=self._channel_of)
         if not self._planned:
@@ -580,7 +584,6 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self._planned = True
         # The option as the query runs now (it may have changed since the checkpoint).
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
-        self._cached = None  # mutated from here on
         return _Plan(
             data={t: dict(p) for t, p in offset.data.items()},
             control=dict(offset.control),
@@ -761,7 +764,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # consumer reports the end of every partition or a missing topic, else every
         # few seconds (a consumer assigned to a topic that does not exist may report
         # nothing at all).
-        next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
+        next_gone_check = time.monotonic() + GONE_CHECK_S
         gone = _GoneCheck()
         try:
             while wanted:
@@ -783,7 +786,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 if wanted and (due or (reported and not gone.reported)):
                     gone.reported = reported
                     gone.read_to_end = at_end >= set(positions)
-                    next_gone_check = time.monotonic() + _GONE_CHECK_INTERVAL_S
+                    next_gone_check = time.monotonic() + GONE_CHECK_S
                     read_again_from = self._progress_gone(positions, gone)
                     if read_again_from is not None:
                         # Later batches' progress is written from there on: read it.

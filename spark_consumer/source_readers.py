@@ -32,6 +32,9 @@ from spark_consumer.source_partitions import (
 )
 
 log = logging.getLogger(__name__)
+# How long a reader (or the planner, waiting for progress) goes without what it waits for
+# before it asks the broker whether those records are gone.
+GONE_CHECK_S = 2.0
 # A range's partition: (topic, partition).
 _Key = tuple[str, int]
 
@@ -88,7 +91,7 @@ class _Reading:
     position: int = -1
     lost: int = 0
     unknown_answers: int = 0
-    # When the position last moved (monotonic s): a range still for _GONE_CHECK_S is
+    # When the position last moved (monotonic s): a range still for GONE_CHECK_S is
     # asked after (are its records gone?).
     moved_at: float = 0.0
 
@@ -119,7 +122,7 @@ def _read(
     assigned = [TopicPartition(t, p, r.position) for (t, p), r in open_ranges.items()]
     consumer.assign(assigned)
     deadline = time.monotonic() + options.read_timeout_s
-    next_check = time.monotonic() + _GONE_CHECK_S
+    next_check = time.monotonic() + GONE_CHECK_S
     while open_ranges:
         asked = min(10_000, sum(r.end - r.position for r in open_ranges.values()))
         messages = consumer.consume(num_messages=asked, timeout=0.5)
@@ -135,11 +138,11 @@ def _read(
             stalled.update(
                 (key, None)
                 for key, r in open_ranges.items()
-                if key not in stalled and now - r.moved_at >= _GONE_CHECK_S
+                if key not in stalled and now - r.moved_at >= GONE_CHECK_S
             )
         if stalled:
             # An error, or ranges that stopped arriving: are their records gone?
-            next_check = now + _GONE_CHECK_S
+            next_check = now + GONE_CHECK_S
             if _follow_gone(consumer, options, open_ranges, stalled):
                 deadline = time.monotonic() + options.read_timeout_s
         _skip_gaps(consumer, open_ranges)
@@ -286,10 +289,6 @@ def _finish_task(
         progress.append(seen.progress(current.lost))
     key = task.progress_key(options.event_time_field or "timestamp")
     _report_progress(options, key, task.encode_progress(progress, batch_id))
-
-
-# How long a range may deliver nothing before the reader asks whether its records are gone.
-_GONE_CHECK_S = 2.0
 
 
 # What _describe answers when the broker cannot tell now.
