@@ -89,6 +89,7 @@ def window_job(
     frame: DataFrame,
     tmp: Path,
     window: str = "5 seconds",
+    trigger: str = "200 milliseconds",
 ) -> WindowJob:
     table = f"w_{uuid.uuid4().hex[:10]}"
     # Spark's own aggregation: it drops the rows whose windows have ended by the
@@ -100,7 +101,7 @@ def window_job(
         .format("memory")
         .queryName(table)
         .option("checkpointLocation", str(tmp / f"checkpoint-{table}"))
-        .trigger(processingTime="200 milliseconds")
+        .trigger(processingTime=trigger)
         .start()
     )
     return WindowJob(spark, query, table)

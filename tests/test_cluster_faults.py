@@ -1,6 +1,8 @@
-"""The emitter on three Apache Kafka nodes while brokers die (issue 23): leadership moves,
-requests meet NOT_LEADER and dead connections for seconds, and the markers in the control
-topic afterwards are exactly the ones the partitions' data called for.
+"""The emitter and a job on the source, on three Apache Kafka nodes while brokers die
+(issue 23): leadership moves, requests meet NOT_LEADER and dead connections for seconds;
+afterwards the markers in the control topic are exactly the ones the partitions' data
+called for, and the job's windows, once every partition is FINISHED, hold every record
+once.
 
 Topics have three replicas and min.insync.replicas=2 (the cluster's defaults), so one
 lost node loses no acknowledged write; losing two stops writes acknowledged by all.
@@ -12,14 +14,18 @@ import contextlib
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql import SparkSession
 
+from emitter.control_topic import ControlTopicWriter
 from slackwater.kafka_cluster import KafkaCluster
-from slackwater.markers import Marker, MarkerStatus
+from slackwater.markers import FinishRequest, Marker, MarkerStatus
 from tests.cluster_harness import (
     FAULT_DEADLINE_S,
     in_sync,
@@ -29,8 +35,10 @@ from tests.cluster_harness import (
 )
 from tests.emitter_harness import RunningEmitter, after_polls, control_markers, start_emitter
 from tests.factories import parsed_samples, wait_until
+from tests.kafka_writer import BASE_MS
+from tests.source_harness import WindowJob, events, window_job
 
-IDLE, ACTIVE = MarkerStatus.IDLE, MarkerStatus.ACTIVE
+IDLE, ACTIVE, FINISHED = MarkerStatus.IDLE, MarkerStatus.ACTIVE, MarkerStatus.FINISHED
 
 
 @dataclass
@@ -113,7 +121,8 @@ def _of(markers: list[Marker], partition: int) -> list[tuple[MarkerStatus, int]]
 @dataclass
 class Scene:
     """A topic of two partitions on the cluster: partition 0 written every 100 ms,
-    partition 1 quiet, and an emitter watching both (its control topic ``control``)."""
+    partition 1 quiet, an emitter watching both (its control topic ``control``), and a
+    job counting the records in 5-second windows of their Kafka timestamps."""
 
     bootstrap: str
     admin: AdminClient
@@ -121,21 +130,71 @@ class Scene:
     control: str
     writer: SteadyWriter
     running: RunningEmitter
+    job: WindowJob
 
     def markers(self, partition: int) -> list[tuple[MarkerStatus, int]]:
         return _of(control_markers(self.bootstrap, self.control), partition)
 
+    def finish_and_settle(self) -> None:
+        """Every partition FINISHED (through the emitter, as ``slackwater finish`` asks
+        it), then everything the job can read processed: every window closes."""
+        writer = ControlTopicWriter(self.bootstrap, self.control, {}, FAULT_DEADLINE_S)
+        try:
+            for partition in (0, 1):
+                writer.write(
+                    FinishRequest(
+                        topic=self.data,
+                        partition=partition,
+                        requested_at=int(time.time() * 1000),
+                        requested_by="test",
+                    )
+                )
+        finally:
+            writer.close()
+        for partition in (0, 1):
+            end = _log_end(self.admin, self.data, partition)
+            wait_until(
+                lambda p=partition, e=end: self.markers(p)[-1:] == [(FINISHED, e)],
+                FAULT_DEADLINE_S,
+                f"FINISHED@{end} for partition {partition}",
+            )
+        self.job.settle()
+
+    def windows_in_the_log(self) -> list[tuple[int, int]]:
+        """(window start s after BASE_MS, records) of every record in the data topic, read
+        back from the cluster: what the job must have counted, each window once."""
+        ends = {p: _log_end(self.admin, self.data, p) for p in (0, 1)}
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": "unused", "enable.auto.commit": False}
+        )
+        try:
+            consumer.assign([TopicPartition(self.data, p, 0) for p in ends])
+            stamps: list[int] = []
+            deadline = time.monotonic() + FAULT_DEADLINE_S
+            while len(stamps) < sum(ends.values()) and time.monotonic() < deadline:
+                for message in consumer.consume(500, timeout=1.0):
+                    if message.error() is None:
+                        stamps.append(message.timestamp()[1])
+        finally:
+            consumer.close()
+        assert len(stamps) == sum(ends.values())
+        counts = Counter((stamp // 5000 * 5000 - BASE_MS) // 1000 for stamp in stamps)
+        return sorted(counts.items())
+
 
 @contextlib.contextmanager
-def _written_and_watched(cluster: KafkaCluster, idle_timeout_ms: int) -> Iterator[Scene]:
-    """The scene, once the quiet partition is IDLE@0; its writer and emitter stopped
-    when the block ends, also when it fails."""
+def _written_and_watched(
+    cluster: KafkaCluster, idle_timeout_ms: int, spark: SparkSession, tmp: Path
+) -> Iterator[Scene]:
+    """The scene, once the quiet partition is IDLE@0; its writer, emitter and job
+    stopped when the block ends, also when it fails."""
     bootstrap = cluster.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": bootstrap})
     data = replicated_topic(admin, partitions=2)
     control = f"ctl-{uuid.uuid4().hex[:12]}"
     writer = SteadyWriter(bootstrap, data, partition=0)
     running: RunningEmitter | None = None
+    job: WindowJob | None = None
     try:
         writer.start()
         wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
@@ -145,7 +204,10 @@ def _written_and_watched(cluster: KafkaCluster, idle_timeout_ms: int) -> Iterato
             control_topic=control,
             idle_timeout_ms=idle_timeout_ms,
         )
-        scene = Scene(bootstrap, admin, data, control, writer, running)
+        # A trigger of 1 s: the job shares two cores with three brokers and the emitter.
+        frame = events(spark, bootstrap, [data], control)
+        job = window_job(spark, frame, tmp, trigger="1 second")
+        scene = Scene(bootstrap, admin, data, control, writer, running, job)
         wait_until(
             lambda: scene.markers(1) == [(IDLE, 0)],
             FAULT_DEADLINE_S,
@@ -154,17 +216,19 @@ def _written_and_watched(cluster: KafkaCluster, idle_timeout_ms: int) -> Iterato
         yield scene
     finally:
         writer.stop()
+        if job is not None:
+            job.stop()
         if running is not None:
             running.stop()
 
 
-def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_control_leader(
-    all_nodes_running: KafkaCluster,
+def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_leader(
+    all_nodes_running: KafkaCluster, spark: SparkSession, tmp_path: Path
 ) -> None:
     cluster = all_nodes_running
     # Partition 0 receives a record every 100 ms throughout: it must never be IDLE
     # before the writer stops, whatever the requests for it meet. Partition 1 is quiet.
-    with _written_and_watched(cluster, idle_timeout_ms=15_000) as scene:
+    with _written_and_watched(cluster, 15_000, spark, tmp_path) as scene:
         admin, data, control, writer = scene.admin, scene.data, scene.control, scene.writer
         running = scene.running
         assert in_sync(admin, control) == {3}  # the emitter made it with 3 replicas
@@ -208,9 +272,12 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
             "IDLE@1 for partition 1",
         )
         after_polls(running, 10)  # nothing more is due: nothing more may come
+        markers = control_markers(scene.bootstrap, control)
+        scene.finish_and_settle()
+        # The job read through both kills: every record in its window, each window once.
+        assert scene.job.rows() == scene.windows_in_the_log()
     assert writer.failed == []
     assert final_end == writer.acked  # no acknowledged record lost, none written twice
-    markers = control_markers(scene.bootstrap, control)
     assert _of(markers, 0) == [(IDLE, final_end)]
     assert _of(markers, 1) == [(IDLE, 0), (ACTIVE, 0), (IDLE, 1)]
     # One emitter generation, each partition's sequence numbers 0, 1, 2...: no marker
@@ -221,12 +288,12 @@ def test_emitter_markers_are_exact_through_a_killed_data_leader_and_a_killed_con
         assert seqs == list(range(len(seqs)))
 
 
-def test_a_whole_cluster_outage_publishes_nothing_wrong_and_the_emitter_resumes_by_itself(
-    all_nodes_running: KafkaCluster,
+def test_a_whole_cluster_outage_publishes_nothing_wrong_and_both_sides_resume_by_themselves(
+    all_nodes_running: KafkaCluster, spark: SparkSession, tmp_path: Path
 ) -> None:
     cluster = all_nodes_running
     idle_timeout_s = 5.0
-    with _written_and_watched(cluster, idle_timeout_ms=int(idle_timeout_s * 1000)) as scene:
+    with _written_and_watched(cluster, int(idle_timeout_s * 1000), spark, tmp_path) as scene:
         admin, data, writer, running = scene.admin, scene.data, scene.writer, scene.running
         errors_before = _poll_errors(running)
         for node in cluster.nodes:
@@ -262,9 +329,12 @@ def test_a_whole_cluster_outage_publishes_nothing_wrong_and_the_emitter_resumes_
             f"IDLE@{final_end} for partition 0 once its writer stopped",
         )
         after_polls(running, 10)
+        markers = control_markers(scene.bootstrap, scene.control)
+        scene.finish_and_settle()
+        # The job was never restarted: it waited through the outage and read on.
+        assert scene.job.rows() == scene.windows_in_the_log()
     assert writer.failed == []
     assert final_end == writer.acked
-    markers = control_markers(scene.bootstrap, scene.control)
     assert _of(markers, 0) == [(IDLE, final_end)]
     assert _of(markers, 1) == [(IDLE, 0)]
 
