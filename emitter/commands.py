@@ -160,9 +160,7 @@ def _broker_problem(error: Exception, kafka: dict[str, str], client: Any = None)
     failure = kafka_logging.authentication_failure()
     if failure is None:
         return str(error)
-    who = kafka.get("sasl.username")
-    as_whom = f" as {who!r}" if who else ""
-    return f"authentication failed{as_whom}: {failure}"
+    return kafka_logging.authentication_problem(failure, kafka)
 
 
 def run_finish(args: argparse.Namespace) -> int:

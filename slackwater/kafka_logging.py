@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -94,3 +94,17 @@ _authentication_failures: dict[str, str] = {}
 def authentication_failure() -> str | None:
     """The broker's words for the last authentication failure of any client here."""
     return next(reversed(_authentication_failures.values()), None)
+
+
+def take_authentication_failure(client: str) -> str | None:
+    """The last authentication failure of the client called ``client`` since it was last
+    taken (served by that client's poll): for a long-lived client, whose failure of an
+    hour ago must not explain an outage now."""
+    return _authentication_failures.pop(client, None)
+
+
+def authentication_problem(failure: str, kafka_config: Mapping[str, Any]) -> str:
+    """One line naming the principal that failed to authenticate, never its password."""
+    who = kafka_config.get("sasl.username")
+    as_whom = f" as {who!r}" if who else ""
+    return f"authentication failed{as_whom}: {failure}"

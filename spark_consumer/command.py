@@ -142,9 +142,9 @@ def run_consume(args: argparse.Namespace) -> int:
         for query in job.queries():
             failure = query.exception()
             if failure is not None:
-                first_line = str(failure).strip().splitlines()[0]
                 print(
-                    f"slackwater consume: the streaming query failed: {first_line}", file=sys.stderr
+                    f"slackwater consume: the streaming query failed: {failure_line(failure)}",
+                    file=sys.stderr,
                 )
                 return 1
         return 0
@@ -157,3 +157,14 @@ def run_consume(args: argparse.Namespace) -> int:
             logging.getLogger(__name__).debug("spark stop: %s", error)
         if server is not None:
             server.stop()
+
+
+def failure_line(failure: object) -> str:
+    """The line that says why a query failed: the source's own (a SourceError's message,
+    which Spark wraps in its report and a Python traceback), else Spark's first line."""
+    lines = str(failure).strip().splitlines()
+    for line in lines:
+        _, found, reason = line.partition("SourceError: ")
+        if found:
+            return reason
+    return lines[0] if lines else repr(failure)

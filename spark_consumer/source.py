@@ -54,7 +54,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slackwater import kafka_clients, list_offsets
+from slackwater import kafka_clients, kafka_logging, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
@@ -69,6 +69,7 @@ from spark_consumer.source_options import (
     MAX_HELD_MARKERS,
     RETRIABLE_OFFSET_ERRORS,
     SCHEMA,
+    SOURCE_CLIENT,
     SOURCE_NAME,
     WATERMARK_DELAY_METADATA,
     WATERMARK_DELAY_MS,
@@ -357,6 +358,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         except KafkaException as error:
             self._unreachable(error)
             return start_json  # no batch while the broker is away; the query keeps running
+        # The broker answered: an authentication failure recorded before is history.
+        kafka_logging.take_authentication_failure(SOURCE_CLIENT)
         if _nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
@@ -549,6 +552,16 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return went_back
 
     def _unreachable(self, error: KafkaException) -> None:
+        """The broker did not answer: said (rate-limited), and the plan waits for it. A
+        failed authentication ends the query instead, in one line naming the principal:
+        retrying cannot mend credentials, and a query that only waited would look like
+        one whose broker is down."""
+        self._admin_client().poll(0)  # serves the error callback that records it
+        failure = kafka_logging.take_authentication_failure(SOURCE_CLIENT)
+        if failure is not None:
+            raise SourceError(
+                kafka_logging.authentication_problem(failure, self.options.kafka_config)
+            ) from error
         log_unreachable.warning(
             "cannot reach Kafka at %s (%s): no new batch until it answers",
             self.options.bootstrap_servers,

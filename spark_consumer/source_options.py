@@ -27,6 +27,8 @@ from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
 from spark_consumer.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
+# The source's Kafka clients' name (their logger is librdkafka.source).
+SOURCE_CLIENT = "source"
 # The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
 # Spark's watermark (real rows give newest - D, far below V).
 WATERMARK_DELAY_DAYS = 36_500
@@ -264,7 +266,9 @@ class SourceOptions:
         return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
     def client_config(self) -> dict[str, Any]:
-        return kafka_clients.client_settings("source", self.bootstrap_servers, self.kafka_config)
+        return kafka_clients.client_settings(
+            SOURCE_CLIENT, self.bootstrap_servers, self.kafka_config
+        )
 
     def producer_config(self) -> dict[str, Any]:
         return {

@@ -12,11 +12,22 @@ BASE_MS = 1_700_000_000_000  # event times are BASE_MS + seconds * 1000
 class Writer:
     """Data records and markers, one record per request (exact log ends, semantics.md §7)."""
 
-    def __init__(self, bootstrap: str, topic: str, control_topic: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        control_topic: str,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.topic, self.control_topic = topic, control_topic
         # A test that deletes its topic must not see this producer make it again.
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 0, "allow.auto.create.topics": False}
+            {
+                **(settings or {}),
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 0,
+                "allow.auto.create.topics": False,
+            }
         )
         self.log_end: dict[int, int] = {}
         self.seq = 0

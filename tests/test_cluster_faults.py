@@ -151,13 +151,12 @@ class Scene:
                 )
         finally:
             writer.close()
-        for partition in (0, 1):
-            end = _log_end(self.admin, self.data, partition)
-            wait_until(
-                lambda p=partition, e=end: self.markers(p)[-1:] == [(FINISHED, e)],
-                FAULT_DEADLINE_S,
-                f"FINISHED@{end} for partition {partition}",
-            )
+        ends = {partition: _log_end(self.admin, self.data, partition) for partition in (0, 1)}
+        wait_until(
+            lambda: all(self.markers(p)[-1:] == [(FINISHED, end)] for p, end in ends.items()),
+            FAULT_DEADLINE_S,
+            f"FINISHED at the log ends {ends}",
+        )
         self.job.settle()
 
     def windows_in_the_log(self) -> list[tuple[int, int]]:

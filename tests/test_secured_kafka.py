@@ -10,11 +10,15 @@ ANONYMOUS principal is a super user, as KRaft needs for a combined node).
 
 from __future__ import annotations
 
+import logging
+import os
 import shlex
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,13 +32,19 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
 
 from emitter.control_topic import ControlTopicReader
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
+from spark_consumer.consume_job import committed_rows
 from tests.conftest import TEST_BROKER_SETTINGS
 from tests.emitter_harness import start_emitter
-from tests.factories import run_cli, wait_until
+from tests.factories import SLACKWATER, run_cli, wait_until
+from tests.kafka_writer import BASE_MS, Writer
+from tests.process_harness import wait_while_running
+from tests.source_harness import events, iso_ms, window_job
 
 DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
 MECHANISM = "SCRAM-SHA-512"
@@ -44,7 +54,8 @@ PASSWORDS = {
     "ops": "ops-secret-92be",
     "orders-job": "job-secret-4e05",
 }
-# The names docs/deploy.md's ACLs are written for.
+# The names docs/deploy.md's ACLs are written for; each test applies them to topics of its
+# own (secured_topics).
 CONTROL, DATA, GROUP = "slackwater.control", "orders", "orders-consumers"
 DEADLINE_S = 60.0
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
@@ -67,8 +78,28 @@ def cli_credentials(user: str, password: str | None = None) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class Topics:
+    """A test's data and control topics, standing for docs/deploy.md's ``orders`` and
+    ``slackwater.control``."""
+
+    data: str
+    control: str
+
+    def renamed(self, name: str) -> str:
+        """docs/deploy.md's resource name as this test's."""
+        if name.startswith(CONTROL):
+            return self.control + name[len(CONTROL) :]  # the control topic, .progress
+        return self.data if name == DATA else name
+
+
 def _command_as(
-    user: str, node: KafkaBroker, command: str, *arguments: str, password: str | None = None
+    user: str,
+    node: KafkaBroker,
+    topics: Topics,
+    command: str,
+    *arguments: str,
+    password: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``slackwater <command>`` on the control topic, with ``user``'s credentials."""
     return run_cli(
@@ -76,7 +107,7 @@ def _command_as(
         "--bootstrap-servers",
         node.bootstrap_servers,
         "--control-topic",
-        CONTROL,
+        topics.control,
         *arguments,
         *cli_credentials(user, password),
         timeout_s=120,
@@ -92,9 +123,10 @@ def _one_failure_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def acls_of_deploy_md() -> list[AclBinding]:
+def acls_of_deploy_md(topics: Topics | None = None) -> list[AclBinding]:
     """Every ``$ACLS ... --add`` command of docs/deploy.md's ACL section, as Admin API
-    bindings: the document itself is what is applied."""
+    bindings (for ``topics`` instead of its example names): the document itself is what
+    is applied."""
     section = DEPLOY.read_text().split("## Who may write the control topic", 1)[1]
     script = section.split("```sh", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     bindings = []
@@ -117,7 +149,7 @@ def acls_of_deploy_md() -> list[AclBinding]:
             bindings.append(
                 AclBinding(
                     kind,
-                    name,
+                    name if topics is None or kind != ResourceType.TOPIC else topics.renamed(name),
                     pattern,
                     options["--allow-principal"][0],
                     "*",
@@ -162,22 +194,33 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     node.client_settings = credentials("admin")
     node.start()
     try:
-        admin = AdminClient({"bootstrap.servers": node.bootstrap_servers, **credentials("admin")})
-        admin.create_topics([NewTopic(DATA, num_partitions=2)])[DATA].result(30)
-        # Made here, as an operator would, so that each test can run alone (the emitter
-        # would make it too: its principal may).
-        admin.create_topics(
-            [NewTopic(CONTROL, num_partitions=1, config={"cleanup.policy": "compact"})]
-        )[CONTROL].result(30)
-        for future in admin.create_acls(acls_of_deploy_md()).values():
-            future.result(30)
         yield node
     finally:
         node.stop()
 
 
-def _markers(node: KafkaBroker, user: str) -> list[Marker]:
-    reader = ControlTopicReader(node.bootstrap_servers, CONTROL, credentials(user), 5.0)
+@pytest.fixture
+def topics(secured: KafkaBroker) -> Topics:
+    """Fresh topics with docs/deploy.md's ACLs on them. The control topic is made here,
+    as an operator would, so that a test can run without the emitter (its principal may
+    make it too)."""
+    mine = Topics(f"orders-{uuid.uuid4().hex[:8]}", f"slackwater.control-{uuid.uuid4().hex[:8]}")
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    made = admin.create_topics(
+        [
+            NewTopic(mine.data, num_partitions=2),
+            NewTopic(mine.control, num_partitions=1, config={"cleanup.policy": "compact"}),
+        ]
+    )
+    for future in made.values():
+        future.result(30)
+    for future in admin.create_acls(acls_of_deploy_md(mine)).values():
+        future.result(30)
+    return mine
+
+
+def _markers(node: KafkaBroker, topics: Topics, user: str) -> list[Marker]:
+    reader = ControlTopicReader(node.bootstrap_servers, topics.control, credentials(user), 5.0)
     try:
         return [r for r in reader.read_to_end().records if isinstance(r, Marker)]
     finally:
@@ -196,12 +239,13 @@ def test_the_acls_of_deploy_md_are_kafka_acls() -> None:
 
 
 def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
-    secured: KafkaBroker,
+    secured: KafkaBroker, topics: Topics, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)  # every line the emitter and its clients log
     running = start_emitter(
         bootstrap_servers=secured.bootstrap_servers,
-        topics=[DATA],
-        control_topic=CONTROL,
+        topics=[topics.data],
+        control_topic=topics.control,
         group=GROUP,
         kafka_config=credentials("slackwater-emitter"),
     )
@@ -210,7 +254,7 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         # principal reads what it published.
         wait_until(
             lambda: (
-                sorted((m.partition, m.status) for m in _markers(secured, "orders-job"))
+                sorted((m.partition, m.status) for m in _markers(secured, topics, "orders-job"))
                 == [(0, IDLE), (1, IDLE)]
             ),
             DEADLINE_S,
@@ -218,7 +262,7 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         )
         # A job's principal forges a well-formed FINISHED: the broker refuses it.
         forged = Marker(
-            topic=DATA,
+            topic=topics.data,
             partition=1,
             status=FINISHED,
             offset=0,
@@ -238,26 +282,29 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         )
         key, value = encode(forged)
         producer.produce(
-            CONTROL, value, key=key, on_delivery=lambda error, _m: outcome.append(error)
+            topics.control, value, key=key, on_delivery=lambda error, _m: outcome.append(error)
         )
         producer.flush(30)
         assert len(outcome) == 1 and outcome[0] is not None
         assert outcome[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
         # An operator's finish request is allowed; the emitter turns it into FINISHED.
-        result = _command_as("ops", secured, "finish", "--topic", DATA, "--partition", "0")
+        result = _command_as(
+            "ops", secured, topics, "finish", "--topic", topics.data, "--partition", "0"
+        )
         assert result.returncode == 0, result.stderr
         wait_until(
             lambda: (
-                [(m.partition, m.status) for m in _markers(secured, "orders-job")][-1:]
+                [(m.partition, m.status) for m in _markers(secured, topics, "orders-job")][-1:]
                 == [(0, FINISHED)]
             ),
             DEADLINE_S,
             "FINISHED for orders:0 after the operator's request",
         )
-        markers = _markers(secured, "orders-job")
+        markers = _markers(secured, topics, "orders-job")
         assert all(m.emitter_id != "forger" for m in markers)
-        # No password in what the emitter serves.
-        served = running.metrics_text() + str(running.status())
+        # No password in what the emitter serves or logs.
+        served = running.metrics_text() + str(running.status()) + caplog.text
+        assert caplog.text
         assert not any(password in served for password in PASSWORDS.values())
     finally:
         running.stop()
@@ -265,13 +312,15 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
 
 @pytest.mark.parametrize("command", ["finish", "status"])
 def test_wrong_credentials_are_one_line_and_a_non_zero_exit(
-    secured: KafkaBroker, command: str
+    secured: KafkaBroker, topics: Topics, command: str
 ) -> None:
     arguments = (
-        ["--topic", DATA, "--partition", "0", "--timeout", "10"] if command == "finish" else []
+        ["--topic", topics.data, "--partition", "0", "--timeout", "10"]
+        if command == "finish"
+        else []
     )
     wrong = f"not-the-password-{uuid.uuid4().hex[:6]}"
-    result = _command_as("ops", secured, command, *arguments, password=wrong)
+    result = _command_as("ops", secured, topics, command, *arguments, password=wrong)
     line = _one_failure_line(result)
     assert line.startswith(f"slackwater {command}: ")
     assert "authentication failed as 'ops'" in line
@@ -279,11 +328,129 @@ def test_wrong_credentials_are_one_line_and_a_non_zero_exit(
 
 
 def test_finish_without_the_right_to_write_the_control_topic_is_one_line(
-    secured: KafkaBroker,
+    secured: KafkaBroker, topics: Topics
 ) -> None:
     result = _command_as(
-        "orders-job", secured, "finish", "--topic", DATA, "--partition", "1", "--timeout", "10"
+        "orders-job",
+        secured,
+        topics,
+        "finish",
+        "--topic",
+        topics.data,
+        "--partition",
+        "1",
+        "--timeout",
+        "10",
     )
     line = _one_failure_line(result)
     assert "authorization failed" in line.lower(), line
     assert PASSWORDS["orders-job"] not in result.stderr + result.stdout
+
+
+def test_a_job_on_the_source_reads_data_and_markers_with_its_own_principal(
+    secured: KafkaBroker, topics: Topics, spark: SparkSession, tmp_path: Path
+) -> None:
+    # Data and markers written by the super user (standing for producers and the emitter).
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    for partition in (0, 1):
+        write.data(partition, *range(7))
+    frame = events(
+        spark,
+        secured.bootstrap_servers,
+        [topics.data],
+        topics.control,
+        kafka_config=credentials("orders-job"),
+    )
+    job = window_job(spark, frame, tmp_path)
+    try:
+        job.settle()
+        assert job.windows() == {(0, 5): 10}  # the watermark at 6 - 1 s
+        write.marker(0, FINISHED)
+        write.marker(1, FINISHED)
+        job.settle()
+        assert job.windows() == {(0, 5): 10, (5, 10): 4}
+    finally:
+        job.stop()
+
+
+def test_a_job_with_a_wrong_password_fails_in_one_line_naming_the_principal(
+    secured: KafkaBroker, topics: Topics, spark: SparkSession, tmp_path: Path
+) -> None:
+    wrong = f"not-the-password-{uuid.uuid4().hex[:6]}"
+    frame = events(
+        spark,
+        secured.bootstrap_servers,
+        [topics.data],
+        topics.control,
+        kafka_config=credentials("orders-job", wrong),
+    )
+    job = window_job(spark, frame, tmp_path)
+    try:
+        # The query ends (it would wait for ever for a broker it "cannot reach")...
+        with pytest.raises(StreamingQueryException) as ended:
+            job.query.awaitTermination(int(DEADLINE_S * 2))
+    finally:
+        job.stop()
+    # ... with the source's one line inside Spark's report, naming the principal.
+    failure = str(ended.value)
+    lines = [line for line in failure.splitlines() if "authentication failed" in line]
+    assert len(lines) == 1, failure
+    assert "SourceError: authentication failed as 'orders-job': " in lines[0], failure
+    assert wrong not in failure
+
+
+def test_consume_runs_with_its_own_principal_and_logs_no_password(
+    secured: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    for partition in (0, 1):
+        write.data(partition, *range(7))
+        write.marker(partition, FINISHED)
+    log = tmp_path / "consume.log"
+    output = tmp_path / "out"
+    process = subprocess.Popen(
+        [*SLACKWATER, *_consume_as("orders-job", secured, topics, tmp_path), "--log-level=DEBUG"],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_while_running(
+            lambda: len(committed_rows(output)) == 2, 300, "both windows", process, log
+        )
+        process.terminate()
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    counts = sorted(
+        (iso_ms(str(r["window_start"])) - BASE_MS, r["count"]) for r in committed_rows(output)
+    )
+    assert counts == [(0, 10), (5_000, 4)]
+    assert PASSWORDS["orders-job"] not in log.read_text()
+
+
+def test_consume_with_a_wrong_password_exits_non_zero_in_one_line(
+    secured: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    wrong = f"not-the-password-{uuid.uuid4().hex[:6]}"
+    result = run_cli(*_consume_as("orders-job", secured, topics, tmp_path, wrong), timeout_s=300)
+    line = _one_failure_line(result)
+    assert line.startswith(
+        "slackwater consume: the streaming query failed: authentication failed as 'orders-job': "
+    ), line
+    assert wrong not in result.stderr + result.stdout
+
+
+def _consume_as(
+    user: str, node: KafkaBroker, topics: Topics, tmp: Path, password: str | None = None
+) -> list[str]:
+    """``slackwater consume``'s arguments for 5-second windows of ``topics``, as ``user``."""
+    return [
+        "consume",
+        "--bootstrap-servers", node.bootstrap_servers,
+        "--topic", topics.data, "--control-topic", topics.control,
+        "--window", "5s", "--max-out-of-orderness", "1s", "--trigger", "300ms",
+        "--output", str(tmp / "out"), "--checkpoint", str(tmp / "checkpoint"),
+        *cli_credentials(user, password),
+    ]  # fmt: skip
