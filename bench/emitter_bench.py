@@ -53,7 +53,24 @@ def _create(admin: AdminClient, partitions: int) -> list[str]:
         admin.create_topics(
             [NewTopic(name, num_partitions=per_topic, replication_factor=1)], request_timeout=120
         )[name].result(120)
+    # Created is not yet led: a record sent before every partition has its leader fails
+    # with UNKNOWN_TOPIC_OR_PART (seen at 10,000 partitions).
+    deadline = time.monotonic() + 120
+    while not all(_led(admin, name, per_topic) for name in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError("created partitions without a leader after 120 s")
+        time.sleep(0.5)
     return names
+
+
+def _led(admin: AdminClient, topic: str, partitions: int) -> bool:
+    described = admin.list_topics(topic, timeout=30).topics.get(topic)
+    return (
+        described is not None
+        and described.error is None
+        and len(described.partitions) == partitions
+        and all(p.leader >= 0 for p in described.partitions.values())
+    )
 
 
 def _produce_round(producer: Producer, topics: list[str], per_topic: int) -> None:
@@ -159,7 +176,11 @@ def _measure(case: Case) -> dict[str, float]:
     # end the emitter holds is polls + 1. One behind means its last answer for that
     # partition failed or came from a stale leader: reported (with the emitter's own
     # error counts), not asserted, so a run under load still prints its row.
-    behind = sum(row.log_end_offset != polls + 1 for row in snapshot.partitions) if case.busy else 0
+    # Ahead: a log end past the records the bench wrote (a produce request the writer's
+    # librdkafka retried after it had been written: duplicates, not the emitter's).
+    expected = polls + 1
+    behind = sum(row.log_end_offset < expected for row in snapshot.partitions) if case.busy else 0
+    ahead = sum(row.log_end_offset > expected for row in snapshot.partitions) if case.busy else 0
     registry = emitter.metrics.registry
     errors = sum(
         registry.get_sample_value("slackwater_emitter_poll_errors_total", {"request": kind}) or 0
@@ -180,6 +201,7 @@ def _measure(case: Case) -> dict[str, float]:
         "scrape_bytes": len(body[0]),
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "behind": behind,
+        "ahead": ahead,
         "poll_errors": errors,
     }
 
@@ -232,7 +254,7 @@ def main() -> None:
     print(
         f"{'partitions':>10} {'mode':>5} {'median ms':>10} {'max ms':>8} {'CPU ms':>7} "
         f"{'CPU %':>6} {'/metrics ms':>11} {'/metrics KiB':>12} {'RSS MiB':>8} "
-        f"{'behind':>6} {'errors':>6}"
+        f"{'behind':>6} {'ahead':>6} {'errors':>6}"
     )
     with KafkaBroker() as broker:
         bootstrap = broker.bootstrap_servers
@@ -249,7 +271,8 @@ def main() -> None:
                     f"{row['wall_median_ms']:>10.1f} {row['wall_max_ms']:>8.1f} "
                     f"{row['cpu_ms']:>7.1f} {row['cpu_ms'] / 10:>5.1f}% "
                     f"{row['scrape_ms']:>11.1f} {row['scrape_bytes'] / 1024:>12,.0f} "
-                    f"{row['rss_mib']:>8.0f} {row['behind']:>6.0f} {row['poll_errors']:>6.0f}",
+                    f"{row['rss_mib']:>8.0f} {row['behind']:>6.0f} {row['ahead']:>6.0f} "
+                    f"{row['poll_errors']:>6.0f}",
                     flush=True,
                 )
             admin.delete_topics(topics, request_timeout=120)
