@@ -40,6 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from emitter.config import EmitterConfig
 from emitter.service import Emitter
+from slackwater import kafka_clients
 from slackwater.http_server import exposition
 from slackwater.kafka_broker import KafkaBroker
 
@@ -56,21 +57,11 @@ def _create(admin: AdminClient, partitions: int) -> list[str]:
     # Created is not yet led: a record sent before every partition has its leader fails
     # with UNKNOWN_TOPIC_OR_PART (seen at 10,000 partitions).
     deadline = time.monotonic() + 120
-    while not all(_led(admin, name, per_topic) for name in names):
+    while not all(kafka_clients.all_partitions_led(admin, name, per_topic) for name in names):
         if time.monotonic() > deadline:
             raise RuntimeError("created partitions without a leader after 120 s")
         time.sleep(0.5)
     return names
-
-
-def _led(admin: AdminClient, topic: str, partitions: int) -> bool:
-    described = admin.list_topics(topic, timeout=30).topics.get(topic)
-    return (
-        described is not None
-        and described.error is None
-        and len(described.partitions) == partitions
-        and all(p.leader >= 0 for p in described.partitions.values())
-    )
 
 
 def _produce_round(producer: Producer, topics: list[str], per_topic: int) -> None:
@@ -179,8 +170,12 @@ def _measure(case: Case) -> dict[str, float]:
     # Ahead: a log end past the records the bench wrote (a produce request the writer's
     # librdkafka retried after it had been written: duplicates, not the emitter's).
     expected = polls + 1
-    behind = sum(row.log_end_offset < expected for row in snapshot.partitions) if case.busy else 0
-    ahead = sum(row.log_end_offset > expected for row in snapshot.partitions) if case.busy else 0
+    behind = (
+        sum((row.log_end_offset or 0) < expected for row in snapshot.partitions) if case.busy else 0
+    )
+    ahead = (
+        sum((row.log_end_offset or 0) > expected for row in snapshot.partitions) if case.busy else 0
+    )
     registry = emitter.metrics.registry
     errors = sum(
         registry.get_sample_value("slackwater_emitter_poll_errors_total", {"request": kind}) or 0

@@ -62,6 +62,18 @@ def producer(
     return Producer(client_settings(name, bootstrap_servers, user, ours))
 
 
+def all_partitions_led(admin: AdminClient, topic: str, partitions: int) -> bool:
+    """Whether the broker lists ``topic`` with ``partitions`` partitions, each with a
+    leader: a topic just created is not yet writable until it does."""
+    described = admin.list_topics(topic, timeout=10).topics.get(topic)
+    return (
+        described is not None
+        and described.error is None
+        and len(described.partitions) == partitions
+        and all(p.leader >= 0 for p in described.partitions.values())
+    )
+
+
 def partition_counts(metadata: Any, names: Iterable[str]) -> dict[str, int]:
     """Partitions of each of ``names`` in a metadata answer (``list_topics``), in
     ``names``' order; a topic the broker does not list, or lists with an error, is left

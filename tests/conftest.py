@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from slackwater import kafka_clients
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_cluster import KafkaCluster
 from spark_consumer import reader_clients
@@ -114,13 +115,8 @@ def new_topic(admin: AdminClient) -> TopicFactory:
         futures[name].result(10)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            described = admin.list_topics(name, timeout=10).topics.get(name)
-            if (
-                described is not None
-                and described.error is None
-                and len(described.partitions) == partitions
-                and all(p.leader >= 0 for p in described.partitions.values())
-                and _offsets_served(admin, name, partitions)
+            if kafka_clients.all_partitions_led(admin, name, partitions) and _offsets_served(
+                admin, name, partitions
             ):
                 return name
             time.sleep(0.05)
