@@ -78,13 +78,19 @@ def client_logging(client: str) -> dict[str, Any]:
     def on_error(error: Any) -> None:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
         logger.warning("Kafka: %s (still retrying)", error.str())
-        if error.code() == KafkaError._AUTHENTICATION:  # SASL or SSL authentication failed
+        if error.code() == KafkaError._AUTHENTICATION and _LOCAL not in error.str():
+            # The broker refused the client's SASL credentials. librdkafka also reports a
+            # SASL exchange cut short by the connection under this code, with a local
+            # error in its words ("Local: Broker transport failure", "Local: Timed
+            # out"): that is an outage, not credentials, and is not recorded.
             _authentication_failures.pop(client, None)  # the newest last
             _authentication_failures[client] = error.str()
 
     return {"logger": logger, "error_cb": on_error}
 
 
+# How librdkafka's words name an error of the client itself (not the broker's answer).
+_LOCAL = "Local: "
 # The last authentication failure each client of this process met. librdkafka reports
 # it to error_cb and goes on retrying; a request then fails as a "transport failure",
 # so a command that gives up names this instead (authentication_failure).

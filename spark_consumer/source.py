@@ -358,7 +358,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         except KafkaException as error:
             self._unreachable(error)
             return start_json  # no batch while the broker is away; the query keeps running
-        # The broker answered: an authentication failure recorded before is history.
+        # The broker answered: an authentication failure recorded before is history
+        # (served first: the error callback runs only in a poll, and so do log lines).
+        self._admin_client().poll(0)
         kafka_logging.take_authentication_failure(SOURCE_CLIENT)
         if _nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start_json  # the common idle trigger: no state to restore or write
@@ -1208,8 +1210,11 @@ def read_stream(
     starting_offsets: str = "earliest",
     kafka_config: dict[str, str] | None = None,
     watermark_delay: str | None = None,
+    options: dict[str, str] | None = None,
 ) -> DataFrame:
     """The source with its watermark applied: what a job reads (semantics.md §6).
+    ``options`` are any other of the source's options by name (docs/source.md), e.g.
+    ``{"readTimeoutMs": "300000"}``.
 
     ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
     state lives for the delay: Spark's watermark then becomes max(V, newest - delay),
@@ -1231,6 +1236,7 @@ def read_stream(
         reader = reader.option("watermarkDelay", watermark_delay)
     for key, value in (kafka_config or {}).items():
         reader = reader.option(f"kafka.{key}", value)
+    reader = reader.options(**(options or {}))
     return with_valve_watermark(reader.options(**task_options(spark)).load())
 
 

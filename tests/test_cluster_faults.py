@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import SparkSession
@@ -204,7 +205,17 @@ def _written_and_watched(
             idle_timeout_ms=idle_timeout_ms,
         )
         # A trigger of 1 s: the job shares two cores with three brokers and the emitter.
-        frame = events(spark, bootstrap, [data], control)
+        # Reads and progress writes wait out a whole-cluster outage (readTimeoutMs and
+        # requestTimeoutMs above it: local[2] retries no task), as a job must that
+        # rides through one.
+        waits = str(int(FAULT_DEADLINE_S * 2 * 1000))
+        frame = events(
+            spark,
+            bootstrap,
+            [data],
+            control,
+            options={"readTimeoutMs": waits, "requestTimeoutMs": waits},
+        )
         job = window_job(spark, frame, tmp, trigger="1 second")
         scene = Scene(bootstrap, admin, data, control, writer, running, job)
         wait_until(
@@ -221,6 +232,7 @@ def _written_and_watched(
             running.stop()
 
 
+@pytest.mark.timeout(900)  # three nodes, Spark and the emitter on two cores
 def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_leader(
     all_nodes_running: KafkaCluster, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -245,7 +257,9 @@ def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_
         lost = leader_of(admin, control)
         cluster.node(lost).kill()
         producer = Producer({"bootstrap.servers": scene.bootstrap, "acks": "all", "log_level": 0})
-        producer.produce(data, b"{}", partition=1)
+        # Its timestamp ahead of partition 0's: delivered only once partition 1's leader
+        # is found again (it may have been the killed node), it must not be late.
+        producer.produce(data, b"{}", partition=1, timestamp=int(time.time() * 1000) + 30_000)
         assert producer.flush(FAULT_DEADLINE_S) == 0
         wait_until(
             lambda: (ACTIVE, 0) in scene.markers(1),
@@ -287,6 +301,7 @@ def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_
         assert seqs == list(range(len(seqs)))
 
 
+@pytest.mark.timeout(900)
 def test_a_whole_cluster_outage_publishes_nothing_wrong_and_both_sides_resume_by_themselves(
     all_nodes_running: KafkaCluster, spark: SparkSession, tmp_path: Path
 ) -> None:

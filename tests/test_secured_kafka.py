@@ -302,6 +302,11 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         )
         markers = _markers(secured, topics, "orders-job")
         assert all(m.emitter_id != "forger" for m in markers)
+        # slackwater status as a consumer's principal lists what the emitter published.
+        status = _command_as("orders-job", secured, topics, "status")
+        assert status.returncode == 0, status.stderr
+        listed = {tuple(line.split()[:2]) for line in status.stdout.splitlines()}
+        assert {(f"{topics.data}:0", "FINISHED"), (f"{topics.data}:1", "IDLE")} <= listed
         # No password in what the emitter serves or logs.
         served = running.metrics_text() + str(running.status()) + caplog.text
         assert caplog.text
@@ -347,6 +352,7 @@ def test_finish_without_the_right_to_write_the_control_topic_is_one_line(
     assert PASSWORDS["orders-job"] not in result.stderr + result.stdout
 
 
+@pytest.mark.timeout(900)  # a Spark start on a busy machine
 def test_a_job_on_the_source_reads_data_and_markers_with_its_own_principal(
     secured: KafkaBroker, topics: Topics, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -373,6 +379,7 @@ def test_a_job_on_the_source_reads_data_and_markers_with_its_own_principal(
         job.stop()
 
 
+@pytest.mark.timeout(900)
 def test_a_job_with_a_wrong_password_fails_in_one_line_naming_the_principal(
     secured: KafkaBroker, topics: Topics, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -399,6 +406,7 @@ def test_a_job_with_a_wrong_password_fails_in_one_line_naming_the_principal(
     assert wrong not in failure
 
 
+@pytest.mark.timeout(900)
 def test_consume_runs_with_its_own_principal_and_logs_no_password(
     secured: KafkaBroker, topics: Topics, tmp_path: Path
 ) -> None:
@@ -430,6 +438,7 @@ def test_consume_runs_with_its_own_principal_and_logs_no_password(
     assert PASSWORDS["orders-job"] not in log.read_text()
 
 
+@pytest.mark.timeout(900)
 def test_consume_with_a_wrong_password_exits_non_zero_in_one_line(
     secured: KafkaBroker, topics: Topics, tmp_path: Path
 ) -> None:
