@@ -36,32 +36,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from bench.topics import create_led
 from emitter.config import EmitterConfig
 from emitter.service import Emitter
-from slackwater import kafka_clients
 from slackwater.http_server import exposition
 from slackwater.kafka_broker import KafkaBroker
-
-
-def _create(admin: AdminClient, partitions: int) -> list[str]:
-    per_topic = min(partitions, 1_000)
-    names = [f"bench-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
-    # One topic per request: KRaft refuses one request that creates 10,000 partitions
-    # ("excessively large batch operation").
-    for name in names:
-        admin.create_topics(
-            [NewTopic(name, num_partitions=per_topic, replication_factor=1)], request_timeout=120
-        )[name].result(120)
-    # Created is not yet led: a record sent before every partition has its leader fails
-    # with UNKNOWN_TOPIC_OR_PART (seen at 10,000 partitions).
-    deadline = time.monotonic() + 120
-    while not all(kafka_clients.all_partitions_led(admin, name, per_topic) for name in names):
-        if time.monotonic() > deadline:
-            raise RuntimeError("created partitions without a leader after 120 s")
-        time.sleep(0.5)
-    return names
 
 
 def _produce_round(producer: Producer, topics: list[str], per_topic: int) -> None:
@@ -169,13 +150,9 @@ def _measure(case: Case) -> dict[str, float]:
     # error counts), not asserted, so a run under load still prints its row.
     # Ahead: a log end past the records the bench wrote (a produce request the writer's
     # librdkafka retried after it had been written: duplicates, not the emitter's).
-    expected = polls + 1
-    behind = (
-        sum((row.log_end_offset or 0) < expected for row in snapshot.partitions) if case.busy else 0
-    )
-    ahead = (
-        sum((row.log_end_offset or 0) > expected for row in snapshot.partitions) if case.busy else 0
-    )
+    log_ends = [row.log_end_offset or 0 for row in snapshot.partitions] if case.busy else []
+    behind = sum(end < polls + 1 for end in log_ends)
+    ahead = sum(end > polls + 1 for end in log_ends)
     registry = emitter.metrics.registry
     errors = sum(
         registry.get_sample_value("slackwater_emitter_poll_errors_total", {"request": kind}) or 0
@@ -255,8 +232,7 @@ def main() -> None:
         bootstrap = broker.bootstrap_servers
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for partitions in sizes:
-            topics = _create(admin, partitions)
-            per_topic = min(partitions, 1_000)
+            topics, per_topic = create_led(admin, "bench", partitions)
             group = f"bench-{uuid.uuid4().hex[:8]}"
             _fill(bootstrap, topics, per_topic, group)
             for busy in (False, True):

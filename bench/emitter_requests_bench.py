@@ -21,7 +21,8 @@ from collections.abc import Callable
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from bench.emitter_bench import _create, _fill
+from bench.emitter_bench import _fill
+from bench.topics import create_led
 from slackwater import list_offsets
 from slackwater.kafka_broker import KafkaBroker
 
@@ -66,9 +67,8 @@ def main() -> None:
     with KafkaBroker() as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         for count, batches in ((1_000, (250,)), (10_000, (100, 250, 500, 1_000, 2_000))):
-            topics = _create(admin, count)
+            topics, per_topic = create_led(admin, "bench", count)
             group = f"bench-{uuid.uuid4().hex[:8]}"
-            per_topic = min(count, 1_000)
             _fill(broker.bootstrap_servers, topics, per_topic, group)
             partitions = [(t, p) for t in topics for p in range(per_topic)]
             for batch in batches:

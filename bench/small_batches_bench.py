@@ -23,15 +23,15 @@ import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
+from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume_job import spark_session
 from spark_consumer.source import read_stream
@@ -130,13 +130,8 @@ def main() -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
         for partitions in args.partitions:
-            per_topic = min(partitions, 1_000)
-            topics = [f"small-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
-            control = f"small-ctl-{uuid.uuid4().hex[:8]}"
-            admin.create_topics([NewTopic(control, 1, 1)])[control].result(60)
-            for name in topics:  # one request per topic (at most 1,000 partitions each)
-                admin.create_topics([NewTopic(name, per_topic, 1)])[name].result(120)
-            time.sleep(2)  # leaders elected
+            topics, per_topic = create_led(admin, "small", partitions)
+            [control], _ = create_led(admin, "small-ctl", 1)
             written = Topic(topics, per_topic, producer, {n: [0] * per_topic for n in topics})
 
             def ours(topics: list[str] = topics, control: str = control) -> DataFrame:

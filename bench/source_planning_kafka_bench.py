@@ -22,26 +22,17 @@ import argparse
 import json
 import statistics
 import time
-import uuid
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterStreamReader
 from spark_consumer.source_offset import SourceOffset
 from spark_consumer.source_options import SourceOptions
 from spark_consumer.source_partitions import Progress, SyntheticPartition, TaskPartition
-
-
-def _create(admin: AdminClient, topics: list[str], per_topic: int) -> None:
-    # One topic per request: KRaft refuses one request that creates 10,000 partitions.
-    for topic in topics:
-        future = admin.create_topics(
-            [NewTopic(topic, num_partitions=per_topic, replication_factor=1)], request_timeout=300
-        )[topic]
-        future.result(300)
 
 
 def _write_records(producer: Producer, topics: list[str], per_topic: int, round_: int) -> None:
@@ -84,12 +75,9 @@ def _write_progress(
 
 
 def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float, int, int]:
-    per_topic = min(partitions, 1_000)
-    topics = [f"plan-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
-    control = f"plan-ctl-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    _create(admin, topics, per_topic)
-    _create(admin, [control], 1)
+    topics, per_topic = create_led(admin, "plan", partitions)
+    [control], _ = create_led(admin, "plan-ctl", 1)
     reader = SlackwaterStreamReader(
         SourceOptions.parse(
             {

@@ -358,10 +358,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         except KafkaException as error:
             self._unreachable(error)
             return start_json  # no batch while the broker is away; the query keeps running
-        # The broker answered: an authentication failure recorded before is history
-        # (served first: the error callback runs only in a poll, and so do log lines).
-        self._admin_client().poll(0)
-        kafka_logging.take_authentication_failure(SOURCE_CLIENT)
+        self._authentication_failure()  # the broker answered: one before is history
         if _nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
@@ -558,8 +555,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         failed authentication ends the query instead, in one line naming the principal:
         retrying cannot mend credentials, and a query that only waited would look like
         one whose broker is down."""
-        self._admin_client().poll(0)  # serves the error callback that records it
-        failure = kafka_logging.take_authentication_failure(SOURCE_CLIENT)
+        failure = self._authentication_failure()
         if failure is not None:
             raise SourceError(
                 kafka_logging.authentication_problem(failure, self.options.kafka_config)
@@ -569,6 +565,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self.options.bootstrap_servers,
             error.args[0].str() if error.args else error,
         )
+
+    def _authentication_failure(self) -> str | None:
+        """The failed authentication librdkafka reported since the last call, taken.
+        Served first: the error callback runs only in a poll (so do log lines, which
+        would queue up otherwise)."""
+        self._admin_client().poll(0)
+        return kafka_logging.take_authentication_failure(SOURCE_CLIENT)
 
     def _look(self) -> _BrokerNow:
         """One metadata request and one ListOffsets round for the whole plan: the

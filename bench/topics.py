@@ -1,0 +1,35 @@
+"""Topics for the benches on the launcher's node: many partitions as topics of at most
+1,000 each (KRaft refuses one CreateTopics request for more: POLICY_VIOLATION,
+"Excessively large number of partitions per request"), returned once every partition
+has a leader (a record sent before fails with UNKNOWN_TOPIC_OR_PART)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from slackwater import kafka_clients
+
+MAX_PARTITIONS_PER_TOPIC = 1_000
+
+
+def create_led(
+    admin: AdminClient, prefix: str, partitions: int, timeout_s: float = 300
+) -> tuple[list[str], int]:
+    """Fresh topics holding ``partitions`` partitions (a multiple of 1,000 above it), one
+    request each; returns their names and the partitions of each."""
+    per_topic = min(partitions, MAX_PARTITIONS_PER_TOPIC)
+    names = [f"{prefix}-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
+    for name in names:
+        admin.create_topics(
+            [NewTopic(name, num_partitions=per_topic, replication_factor=1)],
+            request_timeout=timeout_s,
+        )[name].result(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not all(kafka_clients.all_partitions_led(admin, name, per_topic) for name in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"created partitions without a leader after {timeout_s:.0f} s")
+        time.sleep(0.5)
+    return names, per_topic
