@@ -136,9 +136,10 @@ class Scene:
     def markers(self, partition: int) -> list[tuple[MarkerStatus, int]]:
         return _of(control_markers(self.bootstrap, self.control), partition)
 
-    def finish_and_settle(self) -> None:
+    def finish_and_settle(self) -> dict[int, int]:
         """Every partition FINISHED (through the emitter, as ``slackwater finish`` asks
-        it), then everything the job can read processed: every window closes."""
+        it), then everything the job can read processed: every window closes. Returns
+        the partitions' log ends."""
         writer = ControlTopicWriter(self.bootstrap, self.control, {}, FAULT_DEADLINE_S)
         try:
             for partition in (0, 1):
@@ -159,11 +160,12 @@ class Scene:
             f"FINISHED at the log ends {ends}",
         )
         self.job.settle()
+        return ends
 
-    def windows_in_the_log(self) -> list[tuple[int, int]]:
-        """(window start s after BASE_MS, records) of every record in the data topic, read
-        back from the cluster: what the job must have counted, each window once."""
-        ends = {p: _log_end(self.admin, self.data, p) for p in (0, 1)}
+    def windows_in_the_log(self, ends: dict[int, int]) -> list[tuple[int, int]]:
+        """(window start s after BASE_MS, records) of every record in the data topic up
+        to ``ends``, read back from the cluster: what the job must have counted, each
+        window once."""
         consumer = Consumer(
             {"bootstrap.servers": self.bootstrap, "group.id": "unused", "enable.auto.commit": False}
         )
@@ -286,9 +288,9 @@ def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_
         )
         after_polls(running, 10)  # nothing more is due: nothing more may come
         markers = control_markers(scene.bootstrap, control)
-        scene.finish_and_settle()
+        ends = scene.finish_and_settle()
         # The job read through both kills: every record in its window, each window once.
-        assert scene.job.rows() == scene.windows_in_the_log()
+        assert scene.job.rows() == scene.windows_in_the_log(ends)
     assert writer.failed == []
     assert final_end == writer.acked  # no acknowledged record lost, none written twice
     assert _of(markers, 0) == [(IDLE, final_end)]
@@ -344,9 +346,9 @@ def test_a_whole_cluster_outage_publishes_nothing_wrong_and_both_sides_resume_by
         )
         after_polls(running, 10)
         markers = control_markers(scene.bootstrap, scene.control)
-        scene.finish_and_settle()
+        ends = scene.finish_and_settle()
         # The job was never restarted: it waited through the outage and read on.
-        assert scene.job.rows() == scene.windows_in_the_log()
+        assert scene.job.rows() == scene.windows_in_the_log(ends)
     assert writer.failed == []
     assert final_end == writer.acked
     assert _of(markers, 0) == [(IDLE, final_end)]
