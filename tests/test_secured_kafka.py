@@ -55,7 +55,7 @@ PASSWORDS = {
     "orders-job": "job-secret-4e05",
 }
 # The names docs/deploy.md's ACLs are written for; each test applies them to topics of its
-# own (secured_topics).
+# own (the fixture `topics`).
 CONTROL, DATA, GROUP = "slackwater.control", "orders", "orders-consumers"
 DEADLINE_S = 60.0
 IDLE, FINISHED = MarkerStatus.IDLE, MarkerStatus.FINISHED
