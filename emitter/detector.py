@@ -49,13 +49,16 @@ class Observation:
     ``log_end_offsets`` holds the partitions whose log end was read; a watched
     partition missing from it was not observed this time (request failed).
     ``topics`` maps every watched topic that metadata showed to its partition
-    count; ``None`` when the metadata request failed.
+    count; ``None`` when the metadata request failed. ``unseen_topics``: watched topics
+    it did not show though the broker did not say they are not there (refused by an
+    ACL, or not answered): neither present nor deleted.
     """
 
     monotonic_s: float
     wall_ms: int
     log_end_offsets: Mapping[TopicPartitionKey, int]
     topics: Mapping[str, int] | None
+    unseen_topics: frozenset[str] = frozenset()
 
 
 class Reason(enum.StrEnum):
@@ -175,7 +178,9 @@ class Detector:
         proposals: list[Proposal] = []
         log_ends = observation.log_end_offsets
         if observation.topics is not None:
-            proposals += self._track_topics(observation.topics, watched_topics)
+            proposals += self._track_topics(
+                observation.topics, watched_topics, observation.unseen_topics
+            )
         self._stop_unobserved_clocks(log_ends)
         self._clock.now_s = observation.monotonic_s
         proposals += self._decide_all(self._to_decide(log_ends), log_ends)
@@ -298,11 +303,13 @@ class Detector:
         return None
 
     def _track_topics(
-        self, present: Mapping[str, int], watched_topics: Iterable[str]
+        self, present: Mapping[str, int], watched_topics: Iterable[str], unseen: frozenset[str]
     ) -> list[Proposal]:
         proposals: list[Proposal] = []
         self.missing_topics = set()
         for topic in watched_topics:
+            if topic in unseen:
+                continue  # not seen, not gone: its partitions wait, unobserved (no clock)
             if topic in present:
                 self._seen_topics.add(topic)
                 self._absent_polls.pop(topic, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from slackwater import kafka_clients, list_offsets
+from slackwater import kafka_clients, kafka_logging, list_offsets
 from slackwater.markers import TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,14 @@ class _Batch:
 class BrokerView:
     """What one poll read from the broker; None / empty where a request failed.
 
-    ``topics`` is set only on polls that refreshed metadata (and it succeeded).
+    ``topics`` is set only on polls that refreshed metadata (and it succeeded);
+    ``unseen_topics`` then holds the watched topics it did not show but the broker did
+    not say are not there (it refused to describe them, or did not answer by name).
     """
 
     reachable: bool = False
     topics: dict[str, int] | None = None
+    unseen_topics: frozenset[str] = frozenset()
     log_end_offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
     committed_offsets: dict[TopicPartitionKey, int] | None = None
     assignment: dict[str, list[TopicPartitionKey]] | None = None
@@ -68,11 +71,14 @@ class BrokerObserver:
         self,
         admin: AdminClient,
         request_timeout_s: float,
+        *,
         metadata_interval_s: float,
         batch_partitions: int = 250,
         monotonic_s: Callable[[], float] = time.monotonic,
+        kafka_config: Mapping[str, Any] | None = None,
     ) -> None:
         self._admin = admin
+        self._kafka_config = kafka_config or {}  # whose rights: named in a refusal
         self._timeout_s = request_timeout_s
         self._metadata_interval_s = metadata_interval_s
         self._monotonic_s = monotonic_s
@@ -103,6 +109,7 @@ class BrokerObserver:
                 self._batches = self._batches_of(counts)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
             view.topics, view.reachable = counts, True
+            view.unseen_topics = self._unseen(metadata, watched, view.errors)
         batches = self._batches
         if not batches:
             return view
@@ -146,6 +153,35 @@ class BrokerObserver:
         except KafkaException as error:
             errors[kind] = str(error)
             return None
+
+    def _unseen(self, metadata: Any, watched: list[str], errors: dict[str, str]) -> frozenset[str]:
+        """Watched topics the metadata does not show, whose absence the broker did not
+        confirm. A broker lists only the topics the principal may describe: a topic not
+        listed is asked for by name, and only UNKNOWN_TOPIC_OR_PART is a topic not there
+        (not created yet, or deleted). A refusal (an ACL taken away) or an unanswered
+        request is not: a deleted topic's partitions become FINISHED, for good."""
+        unseen: set[str] = set()
+        for topic in watched:
+            listed = metadata.topics.get(topic)
+            if listed is not None and listed.error is None:
+                continue
+            if listed is None:
+                try:
+                    listed = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(
+                        topic
+                    )
+                except KafkaException as error:
+                    errors["metadata"] = str(error.args[0] if error.args else error)
+                    unseen.add(topic)
+                    continue
+            if listed is not None and listed.error is not None:
+                if listed.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue  # not there
+                errors["metadata"] = kafka_logging.authorization_problem(
+                    listed.error, f"describe topic {topic}", self._kafka_config
+                ) or (f"topic {topic}: {listed.error.str()}")
+            unseen.add(topic)  # (or listed by name just now, created in between)
+        return frozenset(unseen)
 
     def _batches_of(self, counts: dict[str, int]) -> list[_Batch]:
         """The request batches of these partition counts: built when the metadata shows

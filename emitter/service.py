@@ -83,6 +83,7 @@ class Emitter:
             self._timeout_s,
             metadata_interval_s=config.metadata_interval_ms / 1000,
             monotonic_s=monotonic_s,
+            kafka_config=config.kafka_config,
         )
         self._reader: ControlTopicReader | None = None
         self._writer: ControlTopicWriter | None = None
@@ -187,6 +188,7 @@ class Emitter:
             wall_ms=self._wall_ms(),
             log_end_offsets=view.log_end_offsets,
             topics=view.topics,
+            unseen_topics=view.unseen_topics,
         )
         with self._lock:
             missing_before = set(self.detector.missing_topics)

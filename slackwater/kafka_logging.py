@@ -78,39 +78,80 @@ def client_logging(client: str) -> dict[str, Any]:
     def on_error(error: Any) -> None:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
         logger.warning("Kafka: %s (still retrying)", error.str())
-        if error.code() == KafkaError._AUTHENTICATION and _LOCAL not in error.str():
-            # The broker refused the client's SASL credentials. librdkafka also reports a
-            # SASL exchange cut short by the connection under this code, with a local
-            # error in its words ("Local: Broker transport failure", "Local: Timed
-            # out"): that is an outage, not credentials, and is not recorded.
+        if _credentials_refused(error):
             _authentication_failures.pop(client, None)  # the newest last
-            _authentication_failures[client] = error.str()
+            _authentication_failures[client] = error
 
     return {"logger": logger, "error_cb": on_error}
 
 
 # How librdkafka's words name an error of the client itself (not the broker's answer).
 _LOCAL = "Local: "
+# OpenSSL's reason when the broker's certificate does not verify against the client's CA.
+_CERTIFICATE_NOT_VERIFIED = "certificate verify failed"
+
+
+def _credentials_refused(error: KafkaError) -> bool:
+    """The broker refused the client's SASL credentials, or the client could not verify
+    the broker's certificate: configuration, which no retry mends. librdkafka also
+    reports a SASL exchange cut short by the connection as _AUTHENTICATION, with a local
+    error in its words ("Local: Broker transport failure", "Local: Timed out"), and a
+    TLS handshake cut short as _SSL: those are outages, waited out."""
+    if error.code() == KafkaError._AUTHENTICATION:
+        return _LOCAL not in error.str()
+    return error.code() == KafkaError._SSL and _CERTIFICATE_NOT_VERIFIED in error.str()
+
 # The last authentication failure each client of this process met. librdkafka reports
 # it to error_cb and goes on retrying; a request then fails as a "transport failure",
 # so a command that gives up names this instead (authentication_failure).
-_authentication_failures: dict[str, str] = {}
+_authentication_failures: dict[str, KafkaError] = {}
 
 
-def authentication_failure() -> str | None:
-    """The broker's words for the last authentication failure of any client here."""
+def authentication_failure() -> KafkaError | None:
+    """The last authentication failure of any client here."""
     return next(reversed(_authentication_failures.values()), None)
 
 
-def take_authentication_failure(client: str) -> str | None:
+def take_authentication_failure(client: str) -> KafkaError | None:
     """The last authentication failure of the client called ``client`` since it was last
     taken (served by that client's poll): for a long-lived client, whose failure of an
     hour ago must not explain an outage now."""
     return _authentication_failures.pop(client, None)
 
 
-def authentication_problem(failure: str, kafka_config: Mapping[str, Any]) -> str:
-    """One line naming the principal that failed to authenticate, never its password."""
+def authentication_problem(failure: KafkaError, kafka_config: Mapping[str, Any]) -> str:
+    """One line naming the principal that failed to authenticate (never its password),
+    or saying that the broker's certificate was not verified."""
+    if failure.code() == KafkaError._SSL:
+        return f"TLS handshake failed: {failure.str()}"
+    return f"authentication failed{_as_whom(kafka_config)}: {failure.str()}"
+
+
+# The broker's answers that an ACL refused the request (Kafka's protocol error codes).
+_AUTHORIZATION_ERRORS = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def authorization_problem(
+    error: KafkaError, action: str, kafka_config: Mapping[str, Any], group: str | None = None
+) -> str | None:
+    """One line naming the principal and what it may not do (``action``, e.g. "read
+    topic orders") or its consumer's ``group``, if ``error`` is the broker refusing it;
+    None for any other error. A missing right is never retried: only an ACL mends it."""
+    if error.code() not in _AUTHORIZATION_ERRORS:
+        return None
+    if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED and group:
+        # A consumer that only reads by assignment still finds its group's coordinator.
+        action = f"describe consumer group {group} (to {action})"
+    return f"not authorized{_as_whom(kafka_config)} to {action}: {error.str()}"
+
+
+def _as_whom(kafka_config: Mapping[str, Any]) -> str:
     who = kafka_config.get("sasl.username")
-    as_whom = f" as {who!r}" if who else ""
-    return f"authentication failed{as_whom}: {failure}"
+    return f" as {who!r}" if who else ""

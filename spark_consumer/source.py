@@ -111,6 +111,9 @@ _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
 # Repeats while the broker is away: one line per kind per 30 s.
+# The planner's consumers read by assignment and commit nothing; librdkafka still finds
+# this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
+PLANNER_GROUP = "slackwater-source-planner"
 log_unreachable = once_per_interval(f"{__name__}.connection")
 
 # ---------------------------------------------------------------------------- source
@@ -204,7 +207,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             {
                 **self.options.client_config(),
                 **kafka_clients.NEVER_CREATE_TOPICS,
-                "group.id": "slackwater-source-planner",
+                "group.id": PLANNER_GROUP,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
@@ -217,8 +220,29 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def _subscribed(self, metadata: Any) -> dict[str, int]:
         """Partition counts of the subscribed topics the broker lists."""
+        self._not_refused(metadata)
         names = [name for name in metadata.topics if self.options.subscribes(name)]
         return kafka_clients.partition_counts(metadata, names)
+
+    def _not_refused(self, metadata: Any) -> None:
+        """A broker lists only the topics the principal may describe: a topic this query
+        names that is not listed is asked for by name, and a refusal ends the query (it
+        would otherwise wait for a topic "not yet created", or run without markers).
+        Topics of a pattern cannot be told apart from topics not there."""
+        control = self.options.control_topic
+        for topic in (*self.options.topics, *([control] if control else [])):
+            if topic in metadata.topics:
+                continue
+            answer = (
+                self._admin_client()
+                .list_topics(topic, timeout=self.options.request_timeout_s)
+                .topics.get(topic)
+            )
+            if answer is not None and answer.error is not None:
+                kind = "control topic" if topic == control else "topic"
+                refused = self.options.refused(answer.error, f"describe {kind} {topic}")
+                if refused is not None:
+                    raise refused
 
     def _list_offsets(
         self, partitions: list[tuple[str, int]], spec_name: str, *, wait_for_all: bool = False
@@ -267,7 +291,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         for (topic, partition), answer in answers.items():
             if isinstance(answer, KafkaError):
                 if not (answer.retriable() or answer.code() in RETRIABLE_OFFSET_ERRORS):
-                    raise SourceError(f"{spec_name} offset of {topic}[{partition}]: {answer}")
+                    raise self.options.refused(answer, f"describe topic {topic}") or SourceError(
+                        f"{spec_name} offset of {topic}[{partition}]: {answer}"
+                    )
                 not_ready[(topic, partition)] = answer.name()
                 continue
             offsets[(topic, partition)] = answer
@@ -295,7 +321,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             future.result(timeout=self.options.request_timeout_s)
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SourceError(f"cannot create progress topic {name!r}: {error}") from error
+                raise self.options.refused(
+                    error.args[0], f"create progress topic {name}"
+                ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
 
     def _topic_ends(self, topic: str) -> dict[str, int]:
         """The log end of every partition of a topic; empty if the topic does not exist.
@@ -566,7 +594,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             error.args[0].str() if error.args else error,
         )
 
-    def _authentication_failure(self) -> str | None:
+    def _authentication_failure(self) -> KafkaError | None:
         """The failed authentication librdkafka reported since the last call, taken.
         Served first: the error callback runs only in a poll (so do log lines, which
         would queue up otherwise)."""
@@ -697,7 +725,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                         if plan.control[partition] >= ends[partition]:
                             todo.pop(partition, None)
                         continue
-                    raise SourceError(f"reading control topic {topic}: {error}")
+                    raise self.options.refused(
+                        error, f"read control topic {topic}", PLANNER_GROUP
+                    ) or SourceError(f"reading control topic {topic}: {error}")
                 if message.offset() >= ends[partition]:
                     todo.pop(partition, None)
                     continue
@@ -835,7 +865,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 if error.code() in _MISSING_TOPIC_ERRORS:
                     missing_topic = True
                     continue
-                raise SourceError(f"reading progress topic {self.options.progress_topic}: {error}")
+                topic = self.options.progress_topic
+                raise self.options.refused(
+                    error, f"read progress topic {topic}", PLANNER_GROUP
+                ) or SourceError(f"reading progress topic {topic}: {error}")
             at_end.discard(message.partition())
             plan.progress[str(message.partition())] = message.offset() + 1
             key = (message.key() or b"").decode(errors="replace")

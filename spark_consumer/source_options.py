@@ -21,7 +21,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slackwater import kafka_clients
+from slackwater import kafka_clients, kafka_logging
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
 from spark_consumer.late_rows import LATE_ONLY, LateRule
@@ -291,6 +291,13 @@ class SourceOptions:
     def tasks_for(self, records: int) -> int:
         """How many tasks a batch of ``records`` is planned in (logged in its offset)."""
         return max(self.tasks_per_batch, -(-records // self.max_records_per_task))
+
+    def refused(self, error: Any, action: str, group: str | None = None) -> SourceError | None:
+        """The error to end the query with if the broker refused ``action`` ("read topic
+        orders") or the consumer's ``group`` for lack of an ACL: one line naming the
+        principal, as the query cannot mend it by retrying. None for any other error."""
+        line = kafka_logging.authorization_problem(error, action, self.kafka_config, group)
+        return None if line is None else SourceError(line)
 
     def subscribes(self, topic: str) -> bool:
         if self.topic_pattern is not None:

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # How long a reader (or the planner, waiting for progress) goes without what it waits for
 # before it asks the broker whether those records are gone.
 GONE_CHECK_S = 2.0
+# Readers read by assignment and commit nothing; librdkafka still finds this group's
+# coordinator (docs/deploy.md's ACLs allow Describe on it).
+READER_GROUP = "slackwater-reader"
 # A range's partition: (topic, partition).
 _Key = tuple[str, int]
 
@@ -73,7 +76,7 @@ def _reader_config(options: SourceOptions) -> dict[str, Any]:
         "fetch.wait.max.ms": 10,
         **options.client_config(),
         **kafka_clients.NEVER_CREATE_TOPICS,  # a reader asks after deleted topics
-        "group.id": "slackwater-reader",
+        "group.id": READER_GROUP,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "error",
@@ -238,7 +241,9 @@ def _follow_gone(
             moved = True
             continue
         if failure is not None:
-            raise SourceError(
+            raise options.refused(
+                failure, f"read topic {current.topic} (partition {current.partition})", READER_GROUP
+            ) or SourceError(
                 f"reading {current.topic}[{current.partition}] at {current.position}: {failure}"
             )
     if moved:
@@ -387,7 +392,12 @@ def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
     if producer.flush(options.request_timeout_s) != 0 or failures:
         why = failures[0].str() if failures else "not acknowledged in time"
         reader_clients.drop_producer(config)  # it may be in any state now
-        raise SourceError(f"progress of {key} not written to {options.progress_topic}: {why}")
+        refused = failures and options.refused(
+            failures[0], f"write progress topic {options.progress_topic}"
+        )
+        raise refused or SourceError(
+            f"progress of {key} not written to {options.progress_topic}: {why}"
+        )
 
 
 def synthetic_progress_key(plan_id: str) -> str:

@@ -9,7 +9,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import ControlTopicReader
@@ -42,17 +42,22 @@ def produce_one(bootstrap: str, topic: str, partition: int, count: int = 1) -> N
         assert producer.flush(10) == 0
 
 
+_COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
 def commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
     """A group's offsets committed, as a consumer application does: retried while the
     broker answers with a retriable error (the first commit on a new broker meets
-    COORDINATOR_LOAD_IN_PROGRESS while __consumer_offsets is being created)."""
+    COORDINATOR_LOAD_IN_PROGRESS, or NOT_COORDINATOR, while __consumer_offsets is being
+    created; librdkafka flags only the first as retriable)."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
         try:
             consumer.commit(offsets=offsets, asynchronous=False)
             return
         except KafkaException as error:
-            if not error.args[0].retriable() or time.monotonic() > deadline:
+            again = error.args[0].retriable() or error.args[0].code() in _COORDINATOR_MOVING
+            if not again or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 

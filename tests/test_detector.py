@@ -163,6 +163,21 @@ def test_failed_metadata_never_counts_as_deletion() -> None:
         assert detector.observe(Observation(at, at * 1000, {}, None), [T]) == []
 
 
+def test_a_topic_the_broker_would_not_describe_is_neither_present_nor_deleted() -> None:
+    """An ACL taken away hides a topic from metadata as a deletion would: only a topic
+    the broker says is not there counts towards deletion (FINISHED is for good)."""
+    detector = Detector(idle_timeout_s=3, deleted_topic_polls=1)
+    run(detector, obs(0, {0: 3}))
+    unseen = frozenset({T})
+    for at in range(1, 10):  # past the idle timeout, many times the deletion count
+        assert run(detector, Observation(at, at * 1000, {}, {}, unseen_topics=unseen)) == []
+    assert detector.missing_topics == set()  # not "not created yet" either
+    # Seen again: its clock counts from there (the unseen polls were no observation).
+    assert run(detector, obs(10, {0: 3})) == []
+    assert run(detector, obs(12, {0: 3})) == []
+    assert run(detector, obs(13, {0: 3})) == [P(0, IDLE, 3, Reason.IDLE_TIMEOUT)]
+
+
 def test_topic_not_created_yet_is_missing_then_tracked() -> None:
     detector = Detector(idle_timeout_s=1)
     assert run(detector, obs(0, {}, topics={})) == []

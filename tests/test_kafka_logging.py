@@ -10,9 +10,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
 from slackwater.kafka_broker import free_port
-from slackwater.kafka_logging import OncePerInterval, client_logging
+from slackwater.kafka_logging import (
+    OncePerInterval,
+    authentication_problem,
+    client_logging,
+    take_authentication_failure,
+)
 from tests.factories import SLACKWATER, ResettingEndpoint, wait_until
 
 
@@ -57,6 +63,49 @@ def test_librdkafka_connection_lines_are_left_to_the_error_callback_unless_debug
 # librdkafka reports each failed connection (about 15 a second here); the commands
 # must say so in a few lines however many there were.
 FAILED_CONNECTIONS = 100
+
+
+# librdkafka's words, as its error callback reports them.
+REFUSED_SASL = (
+    "sasl_plaintext://127.0.0.1:9092/bootstrap: SASL authentication error: Authentication "
+    "failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+)
+CUT_SASL = "sasl_plaintext://127.0.0.1:9092/1: SASL authentication error: Local: Timed out"
+UNVERIFIED = (
+    "sasl_ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000086:SSL "
+    "routines::certificate verify failed: broker certificate could not be verified"
+)
+CUT_TLS = "sasl_ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: Disconnected"
+
+
+@pytest.mark.parametrize(
+    ("code", "words", "line"),
+    [
+        (
+            KafkaError._AUTHENTICATION,
+            REFUSED_SASL,
+            "authentication failed as 'ops': " + REFUSED_SASL,
+        ),
+        (KafkaError._AUTHENTICATION, CUT_SASL, None),
+        (KafkaError._SSL, UNVERIFIED, f"TLS handshake failed: {UNVERIFIED}"),
+        (KafkaError._SSL, CUT_TLS, None),
+        (KafkaError._TRANSPORT, "sasl_plaintext://127.0.0.1:9092/1: Disconnected", None),
+    ],
+)
+def test_only_refused_credentials_or_an_unverified_certificate_are_recorded_as_failures(
+    code: int, words: str, line: str | None
+) -> None:
+    """A refusal no retry mends is what ends a command or a query; the same codes with a
+    connection cut short in their words are an outage, waited out."""
+    client = f"test-{code}-{len(words)}"
+    client_logging(client)["error_cb"](KafkaError(code, words))
+    failure = take_authentication_failure(client)
+    if line is None:
+        assert failure is None
+    else:
+        assert failure is not None
+        assert authentication_problem(failure, {"sasl.username": "ops"}) == line
+    assert take_authentication_failure(client) is None  # taken once
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 as written there: only the emitter's and the operators' principals can write the control
 topic (issue 23).
 
-One node for the module: its client listener is SASL_PLAINTEXT, the brokers talk to
+One node for the module: its client listeners are SASL_PLAINTEXT and SASL_SSL (a
+self-signed certificate made by the JDK's keytool for the module), the brokers talk to
 each other as the super user ``admin``; the controller listener stays PLAINTEXT (its
 ANONYMOUS principal is a super user, as KRaft needs for a combined node).
 """
@@ -20,11 +21,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -36,14 +39,17 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from emitter.control_topic import ControlTopicReader
-from slackwater.kafka_broker import KafkaBroker
+from slackwater.java_check import java_executable
+from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.consume_job import committed_rows
+from spark_consumer.source_options import SourceError
 from tests.conftest import TEST_BROKER_SETTINGS
-from tests.emitter_harness import start_emitter
+from tests.emitter_harness import after_polls, start_emitter
 from tests.factories import SLACKWATER, run_cli, wait_until
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import wait_while_running
+from tests.source_driver import Driven, options, real
 from tests.source_harness import events, iso_ms, window_job
 
 DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
@@ -68,6 +74,59 @@ def credentials(user: str, password: str | None = None) -> dict[str, str]:
         "sasl.username": user,
         "sasl.password": PASSWORDS[user] if password is None else password,
     }
+
+
+def tls_credentials(user: str, ca: Path) -> dict[str, str]:
+    """``user``'s credentials on the SASL_SSL listener, trusting the certificate ``ca``
+    (librdkafka verifies the broker's name, 127.0.0.1, against it: the default)."""
+    return {**credentials(user), "security.protocol": "SASL_SSL", "ssl.ca.location": str(ca)}
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """The broker's keystore (PKCS12), its certificate in PEM for clients to trust, and
+    another self-signed certificate in PEM that does not sign it."""
+
+    keystore: Path
+    broker: Path
+    other: Path
+    password: str = "keystore-secret-5a1c"
+
+
+def _keytool_certificate(keystore: Path, pem: Path, password: str) -> None:
+    keytool = Path(java_executable() or "java").resolve().parent / "keytool"
+    store = ["-keystore", str(keystore), "-storetype", "PKCS12", "-storepass", password]
+    subprocess.run(
+        [
+            str(keytool), "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize",
+            "2048", "-validity", "2", "-dname", "CN=127.0.0.1",
+            "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-keypass", password, *store,
+        ],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    subprocess.run(
+        [str(keytool), "-exportcert", "-alias", "broker", "-rfc", "-file", str(pem), *store],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    made = tmp_path_factory.mktemp("tls")
+    certificates = Certificates(made / "broker.p12", made / "broker.pem", made / "other.pem")
+    _keytool_certificate(certificates.keystore, certificates.broker, certificates.password)
+    _keytool_certificate(made / "other.p12", certificates.other, certificates.password)
+    return certificates
+
+
+def tls_bootstrap(node: KafkaBroker) -> str:
+    """The SASL_SSL listener's address."""
+    listeners = node.settings["advertised.listeners"].split(",")
+    return next(entry for entry in listeners if entry.startswith("SASL_SSL://"))[
+        len("SASL_SSL://") :
+    ]
 
 
 def cli_credentials(user: str, password: str | None = None) -> list[str]:
@@ -161,7 +220,9 @@ def acls_of_deploy_md(topics: Topics | None = None) -> list[AclBinding]:
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+def secured(
+    tmp_path_factory: pytest.TempPathFactory, certificates: Certificates
+) -> Iterator[KafkaBroker]:
     node = KafkaBroker(
         log_dir=Path(tmp_path_factory.mktemp("kafka-secured")), settings=TEST_BROKER_SETTINGS
     )
@@ -169,18 +230,24 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         "org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="admin" password="{PASSWORDS["admin"]}";'
     )
+    plain = f"SASL_PLAINTEXT://{node.host}:{node.port}"
+    tls = f"SASL_SSL://{node.host}:{free_port(node.host)}"
     node.settings.update(
         {
-            "listeners": (
-                f"SASL_PLAINTEXT://{node.host}:{node.port},"
-                f"CONTROLLER://{node.host}:{node.controller_port}"
+            "listeners": f"{plain},{tls},CONTROLLER://{node.host}:{node.controller_port}",
+            "advertised.listeners": f"{plain},{tls}",
+            "listener.security.protocol.map": (
+                "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
             ),
-            "advertised.listeners": f"SASL_PLAINTEXT://{node.host}:{node.port}",
-            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": MECHANISM,
             "sasl.mechanism.inter.broker.protocol": MECHANISM,
             f"listener.name.sasl_plaintext.{MECHANISM.lower()}.sasl.jaas.config": admin_login,
+            f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config": admin_login,
+            "ssl.keystore.location": str(certificates.keystore),
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.password": certificates.password,
+            "ssl.key.password": certificates.password,
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "allow.everyone.if.no.acl.found": "false",
             "super.users": "User:admin;User:ANONYMOUS",
@@ -313,6 +380,134 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
         assert not any(password in served for password in PASSWORDS.values())
     finally:
         running.stop()
+
+
+def test_an_emitter_refused_a_topic_it_watched_publishes_nothing_for_it_and_says_so(
+    secured: KafkaBroker, topics: Topics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A watched topic a broker stops listing for the emitter's principal (an ACL taken
+    away) is not a deleted topic: no FINISHED, one line naming principal and topic."""
+    running = start_emitter(
+        bootstrap_servers=secured.bootstrap_servers,
+        topics=[topics.data],
+        control_topic=topics.control,
+        kafka_config=credentials("slackwater-emitter"),
+    )
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    describe = [
+        b
+        for b in acls_of_deploy_md(topics)
+        if b.principal == "User:slackwater-emitter"
+        and b.name == topics.data
+        and b.operation == AclOperation.DESCRIBE
+    ]
+    try:
+        wait_until(
+            lambda: (
+                sorted((m.partition, m.status) for m in _markers(secured, topics, "admin"))
+                == [(0, IDLE), (1, IDLE)]
+            ),
+            DEADLINE_S,
+            "IDLE markers",
+        )
+        _change_acls(admin.delete_acls, [_filter(b) for b in describe])
+        # Twice the polls after which a topic not listed any more counts as deleted.
+        after_polls(running, 2 * running.emitter.config.deleted_topic_polls + 2)
+        refused = (
+            f"not authorized as 'slackwater-emitter' to describe topic {topics.data}: "
+            "Broker: Topic authorization failed"
+        )
+        assert sorted((m.partition, m.status) for m in _markers(secured, topics, "admin")) == [
+            (0, IDLE),
+            (1, IDLE),
+        ]  # no FINISHED for the topic it may no longer see
+        assert refused in caplog.text
+        assert (running.metric("slackwater_emitter_poll_errors_total", request="metadata") or 0) > 0
+        # The right given back: the emitter follows the topic again.
+        _change_acls(admin.create_acls, describe)
+        write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+        write.data(0, 1)
+        wait_until(
+            lambda: (
+                [(m.partition, m.status) for m in _markers(secured, topics, "admin")][-1:]
+                == [(0, MarkerStatus.ACTIVE)]
+            ),
+            DEADLINE_S,
+            "ACTIVE for partition 0 after its record",
+        )
+        assert all(m.status is not FINISHED for m in _markers(secured, topics, "admin"))
+    finally:
+        running.stop()
+
+
+def test_the_emitter_status_and_the_source_work_over_sasl_ssl_with_a_keytool_certificate(
+    secured: KafkaBroker, topics: Topics, certificates: Certificates
+) -> None:
+    bootstrap = tls_bootstrap(secured)
+    running = start_emitter(
+        bootstrap_servers=bootstrap,
+        topics=[topics.data],
+        control_topic=topics.control,
+        kafka_config=tls_credentials("slackwater-emitter", certificates.broker),
+    )
+    try:
+        wait_until(
+            lambda: (
+                sorted((m.partition, m.status) for m in _markers(secured, topics, "admin"))
+                == [(0, IDLE), (1, IDLE)]
+            ),
+            DEADLINE_S,
+            "IDLE markers published over TLS",
+        )
+    finally:
+        running.stop()
+    as_job = tls_credentials("orders-job", certificates.broker)
+    status = run_cli(
+        "status", "--bootstrap-servers", bootstrap, "--control-topic", topics.control,
+        *(argument for k, v in as_job.items() for argument in ("--kafka-config", f"{k}={v}")),
+        timeout_s=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert {(f"{topics.data}:0", "IDLE"), (f"{topics.data}:1", "IDLE")} <= {
+        tuple(line.split()[:2]) for line in status.stdout.splitlines()
+    }
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.data(0, 1, 2)
+    given = options(
+        bootstrap, topics.data, topics.control, **{f"kafka.{k}": v for k, v in as_job.items()}
+    )
+    driven = Driven.start(given)
+    try:
+        rows = driven.step()
+        # The data, and both markers the emitter published over TLS, read over TLS (the
+        # status comes from markers alone: no emitter runs to see partition 0 move).
+        assert sorted((r["partition"], r["offset"]) for r in real(rows)) == [(0, 0), (0, 1)]
+        assert driven.statuses() == {f"{topics.data}:0": "IDLE", f"{topics.data}:1": "IDLE"}
+    finally:
+        driven.stop()
+
+
+def test_a_broker_certificate_the_client_cannot_verify_is_one_line(
+    secured: KafkaBroker, topics: Topics, certificates: Certificates
+) -> None:
+    bootstrap = tls_bootstrap(secured)
+    untrusting = tls_credentials("orders-job", certificates.other)
+    given = options(
+        bootstrap, topics.data, topics.control, **{f"kafka.{k}": v for k, v in untrusting.items()}
+    )
+    with pytest.raises(SourceError) as failed:
+        Driven.start(given).stop()
+    assert str(failed.value).startswith("TLS handshake failed: "), failed.value
+    assert "certificate verify failed" in str(failed.value)
+    status = run_cli(
+        "status", "--bootstrap-servers", bootstrap, "--control-topic", topics.control,
+        *(argument for k, v in untrusting.items() for argument in ("--kafka-config", f"{k}={v}")),
+        timeout_s=120,
+    )  # fmt: skip
+    line = _one_failure_line(status)
+    assert line.startswith("slackwater status: "), line
+    assert "TLS handshake failed: " in line and "certificate verify failed" in line, line
+    assert PASSWORDS["orders-job"] not in status.stderr + status.stdout
 
 
 @pytest.mark.parametrize("command", ["finish", "status"])
@@ -451,6 +646,31 @@ def test_consume_with_a_wrong_password_exits_non_zero_in_one_line(
     assert wrong not in result.stderr + result.stdout
 
 
+@pytest.mark.timeout(900)
+def test_consume_without_the_right_to_read_the_data_topic_exits_non_zero_in_one_line(
+    secured: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    read_data = [
+        b
+        for b in acls_of_deploy_md(topics)
+        if b.principal == "User:orders-job"
+        and b.name == topics.data
+        and b.operation == AclOperation.READ
+    ]
+    _change_acls(admin.delete_acls, [_filter(b) for b in read_data])
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.data(0, 1, 2)
+    # Planned (Describe is allowed), then refused in an executor's reader task.
+    result = run_cli(*_consume_as("orders-job", secured, topics, tmp_path), timeout_s=300)
+    line = _one_failure_line(result)
+    assert line == (
+        "slackwater consume: the streaming query failed: not authorized as 'orders-job' to "
+        f"read topic {topics.data} (partition 0): Fetch from broker 1 failed: "
+        "Broker: Topic authorization failed"
+    ), line
+
+
 def _consume_as(
     user: str, node: KafkaBroker, topics: Topics, tmp: Path, password: str | None = None
 ) -> list[str]:
@@ -463,3 +683,88 @@ def _consume_as(
         "--output", str(tmp / "out"), "--checkpoint", str(tmp / "checkpoint"),
         *cli_credentials(user, password),
     ]  # fmt: skip
+
+
+# A right of docs/deploy.md's job principal taken away (resource, operations), and what
+# the source's one line then says it may not do.
+MISSING_RIGHTS = {
+    "read the data topic": (DATA, {AclOperation.READ}, "read topic {data} (partition 0)"),
+    "describe the data topic": (
+        DATA, {AclOperation.READ, AclOperation.DESCRIBE}, "describe topic {data}",
+    ),
+    "read the control topic": (CONTROL, {AclOperation.READ}, "read control topic {control}"),
+    "describe the control topic": (
+        CONTROL, {AclOperation.READ, AclOperation.DESCRIBE}, "describe control topic {control}",
+    ),
+    "create the progress topic": (
+        f"{CONTROL}.progress", {AclOperation.CREATE}, "create progress topic {control}.progress",
+    ),
+    "write the progress topic": (
+        f"{CONTROL}.progress", {AclOperation.WRITE}, "write progress topic {control}.progress",
+    ),
+    "describe its consumer groups": (
+        "slackwater-", {AclOperation.DESCRIBE}, "describe consumer group slackwater-",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("missing", sorted(MISSING_RIGHTS))
+def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
+    secured: KafkaBroker, topics: Topics, missing: str
+) -> None:
+    name, operations, action = MISSING_RIGHTS[missing]
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    taken = [
+        b
+        for b in acls_of_deploy_md(topics)
+        if b.principal == "User:orders-job"
+        and b.name == topics.renamed(name)
+        and b.operation in operations
+    ]
+    assert taken
+    _change_acls(admin.delete_acls, [_filter(b) for b in taken])
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.data(0, 1, 2)
+    write.marker(1, IDLE)
+    given = options(
+        secured.bootstrap_servers,
+        topics.data,
+        topics.control,
+        **{f"kafka.{key}": value for key, value in credentials("orders-job").items()},
+    )
+    try:
+        # The first plan, or the first batch's reading, ends with one line; never a wait
+        # for a topic "not created yet", and never a query without markers.
+        with pytest.raises(SourceError) as failed:
+            driven = Driven.start(given)
+            try:
+                for _ in range(3):
+                    driven.step()
+            finally:
+                driven.stop()
+    finally:
+        _change_acls(admin.create_acls, taken)  # the group ACL is shared by the module
+    line = str(failed.value)
+    assert "\n" not in line
+    assert line.startswith(f"not authorized as 'orders-job' to {action.format(**vars(topics))}"), (
+        line
+    )
+    assert "authorization failed" in line.lower(), line
+    assert PASSWORDS["orders-job"] not in line
+
+
+def _filter(binding: AclBinding) -> AclBindingFilter:
+    return AclBindingFilter(
+        binding.restype,
+        binding.name,
+        binding.resource_pattern_type,
+        binding.principal,
+        binding.host,
+        binding.operation,
+        binding.permission_type,
+    )
+
+
+def _change_acls(change: Any, bindings: list[Any]) -> None:
+    for future in change(bindings).values():
+        future.result(30)
