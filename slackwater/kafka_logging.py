@@ -101,6 +101,7 @@ def _credentials_refused(error: KafkaError) -> bool:
         return _LOCAL not in error.str()
     return error.code() == KafkaError._SSL and _CERTIFICATE_NOT_VERIFIED in error.str()
 
+
 # The last authentication failure each client of this process met. librdkafka reports
 # it to error_cb and goes on retrying; a request then fails as a "transport failure",
 # so a command that gives up names this instead (authentication_failure).
