@@ -165,6 +165,9 @@ class _Plan:
 class SlackwaterStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        # This planner's clients' name: the failed authentication it takes is its own,
+        # never another query's in the same driver (kafka_logging keys them by name).
+        self._client_name = f"{SOURCE_CLIENT}.planner-{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
         self._control_consumer: Any = None
         self._progress_consumer: Any = None
@@ -196,7 +199,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             from confluent_kafka.admin import AdminClient
 
             self._admin = AdminClient(
-                {**self.options.client_config(), **kafka_clients.NEVER_CREATE_TOPICS}
+                {
+                    **self.options.client_config(self._client_name),
+                    **kafka_clients.NEVER_CREATE_TOPICS,
+                }
             )
         return self._admin
 
@@ -205,7 +211,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
         return Consumer(
             {
-                **self.options.client_config(),
+                **self.options.client_config(self._client_name),
                 **kafka_clients.NEVER_CREATE_TOPICS,
                 "group.id": PLANNER_GROUP,
                 "enable.auto.commit": False,
@@ -599,7 +605,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         Served first: the error callback runs only in a poll (so do log lines, which
         would queue up otherwise)."""
         self._admin_client().poll(0)
-        return kafka_logging.take_authentication_failure(SOURCE_CLIENT)
+        return kafka_logging.take_authentication_failure(self._client_name)
 
     def _look(self) -> _BrokerNow:
         """One metadata request and one ListOffsets round for the whole plan: the

@@ -265,10 +265,10 @@ class SourceOptions:
         the planned form of MAX_WATERMARK, after which every window has ended."""
         return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
-    def client_config(self) -> dict[str, Any]:
-        return kafka_clients.client_settings(
-            SOURCE_CLIENT, self.bootstrap_servers, self.kafka_config
-        )
+    def client_config(self, name: str = SOURCE_CLIENT) -> dict[str, Any]:
+        """A client's settings; ``name`` keys its logger and the failed authentication
+        librdkafka reports for it (kafka_logging)."""
+        return kafka_clients.client_settings(name, self.bootstrap_servers, self.kafka_config)
 
     def producer_config(self) -> dict[str, Any]:
         return {

@@ -349,3 +349,24 @@ def test_progress_that_never_comes_is_one_clear_error(
             reader.latestOffset(start, ReadAllAvailable())
     finally:
         reader.stop()
+
+
+def test_a_planner_takes_only_its_own_clients_failed_authentication() -> None:
+    """Two queries in one driver: one's failed authentication never ends the other."""
+    from confluent_kafka import KafkaError
+
+    from slackwater import kafka_logging
+
+    given = {"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "subscribe": "t"}
+    refused, healthy = (SlackwaterStreamReader(SourceOptions.parse(given)) for _ in range(2))
+    words = "sasl://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed"
+    kafka_logging.client_logging(refused._client_name)["error_cb"](
+        KafkaError(KafkaError._AUTHENTICATION, words)
+    )
+    try:
+        assert healthy._authentication_failure() is None
+        failure = refused._authentication_failure()
+        assert failure is not None and failure.str() == words
+    finally:
+        refused.stop()
+        healthy.stop()
