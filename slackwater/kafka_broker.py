@@ -178,16 +178,24 @@ class KafkaBroker:
         if self._process is not None:
             raise BrokerError("broker already started")
         _check_port_free(self.host, self.port)
+        _check_port_free(self.host, self.controller_port)
         try:
             classpath = os.pathsep.join(str(jar) for jar in jar_files(KAFKA_BROKER))
         except MissingJarsError as error:
             raise BrokerError(str(error)) from None
+        made_here = self.log_dir is None
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="slackwater-kafka-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         properties = self._write_config()
         if not (self.log_dir / "data" / "meta.properties").exists():
-            self._format(classpath, properties)
+            try:
+                self._format(classpath, properties)
+            except BrokerError:
+                if made_here:  # a temporary directory of ours: nothing to keep in it
+                    shutil.rmtree(self.log_dir, ignore_errors=True)
+                    self.log_dir = None
+                raise
         self._stdout = open(self.log_dir / "stdout.log", "ab")  # noqa: SIM115
         self._process = subprocess.Popen(
             [*self._java(classpath), "kafka.Kafka", str(properties)],

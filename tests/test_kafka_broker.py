@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +57,26 @@ def test_new_topic_factory_gives_fresh_names(admin: AdminClient, new_topic: Topi
 def test_starting_on_a_taken_port_fails_clearly(broker: KafkaBroker) -> None:
     with pytest.raises(BrokerError, match="port"):
         KafkaBroker(port=broker.port).start(timeout_s=5)
+
+
+def test_a_taken_controller_port_fails_clearly_before_anything_starts(broker: KafkaBroker) -> None:
+    node = KafkaBroker()
+    node.controller_port = broker.controller_port  # the session broker's, listened on
+    with pytest.raises(BrokerError, match=rf"port in use: .*:{broker.controller_port}"):
+        node.launch()
+    assert not node.running and node.log_dir is None
+
+
+def test_a_failed_format_leaves_no_temporary_directory() -> None:
+    def ours() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("slackwater-kafka-*"))
+
+    before = ours()
+    node = KafkaBroker()
+    node.format_arguments = ["--no-such-option"]
+    with pytest.raises(BrokerError, match=r"formatting .* failed"):
+        node.launch()
+    assert node.log_dir is None and ours() == before
 
 
 def _start_cli(port: int, *extra: str) -> tuple[subprocess.Popen[str], str]:
