@@ -48,6 +48,8 @@ def run_broker(args: argparse.Namespace) -> int:
     broker: KafkaBroker | KafkaCluster
     try:
         if args.nodes == 1:
+            if log_dir is not None and any(log_dir.glob("node-*/data/meta.properties")):
+                raise BrokerError(f"{log_dir} holds a cluster's nodes: start it with --nodes")
             broker = KafkaBroker(host=args.host, port=args.port, log_dir=log_dir)
         else:
             broker = KafkaCluster(args.nodes, host=args.host, first_port=args.port, log_dir=log_dir)

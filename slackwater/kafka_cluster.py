@@ -24,6 +24,28 @@ from slackwater.kafka_broker import BrokerError, KafkaBroker, cluster_id, replic
 _READY_TOPIC = "__slackwater_cluster_ready"
 
 
+def _kept_cluster_id(log_dir: Path | None, nodes: int) -> str | None:
+    """The cluster id of the nodes kept in ``log_dir`` from an earlier start, if any. A
+    kept cluster starts again with its own node count: a node added or left out would
+    be formatted into another cluster (or its quorum would lack a voter)."""
+    if log_dir is None:
+        return None
+    if (log_dir / "data" / "meta.properties").exists():
+        raise BrokerError(f"{log_dir} holds a single node's data: start it without --nodes")
+    kept = sorted(log_dir.glob("node-*/data/meta.properties"))
+    if not kept:
+        return None
+    if len(kept) != nodes:
+        raise BrokerError(
+            f"{log_dir} holds a cluster of {len(kept)} nodes: start it with --nodes {len(kept)}"
+        )
+    for line in kept[0].read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id":
+            return value.strip()
+    return None
+
+
 class KafkaCluster:
     """``nodes`` KRaft nodes of one cluster on ``host``."""
 
@@ -43,7 +65,7 @@ class KafkaCluster:
             raise BrokerError(
                 f"invalid port {first_port}: {nodes} ports from it must be between 1 and 65535"
             )
-        shared = cluster_id()
+        shared = _kept_cluster_id(log_dir, nodes) or cluster_id()
         self.nodes = [
             KafkaBroker(
                 host=host,

@@ -132,3 +132,38 @@ def test_cli_broker_on_a_host_it_cannot_listen_on_is_one_line(host: str, nodes: 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"slackwater broker: cannot listen on {host!r}: ")
+
+
+def _kept_nodes(log_dir: Path, nodes: int, cluster: str) -> None:
+    """What `slackwater broker --nodes N --log-dir DIR` keeps of a cluster: node-K
+    directories formatted with one cluster id."""
+    for index in range(1, nodes + 1):
+        data = log_dir / f"node-{index}" / "data"
+        data.mkdir(parents=True)
+        (data / "meta.properties").write_text(f"cluster.id={cluster}\nnode.id={index}\nversion=1\n")
+
+
+def test_a_kept_cluster_starts_again_with_its_own_cluster_id(tmp_path: Path) -> None:
+    _kept_nodes(tmp_path, 3, "kept-cluster-id-0001")
+    cluster = KafkaCluster(3, log_dir=tmp_path)
+    assert {node.cluster_id for node in cluster.nodes} == {"kept-cluster-id-0001"}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ("2", "holds a cluster of 3 nodes: start it with --nodes 3"),
+        ("4", "holds a cluster of 3 nodes: start it with --nodes 3"),
+        ("1", "holds a cluster's nodes: start it with --nodes"),
+    ],
+)
+def test_cli_broker_on_a_kept_cluster_with_another_node_count_is_one_line(
+    tmp_path: Path, nodes: str, message: str
+) -> None:
+    """A node added would be formatted into a cluster of its own, a node left out would
+    leave the quorum a voter short: neither starts."""
+    _kept_nodes(tmp_path, 3, "kept-cluster-id-0001")
+    result = run_cli("broker", "--nodes", nodes, "--log-dir", str(tmp_path), timeout_s=30)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"slackwater broker: {tmp_path} {message}"]
+    assert not (tmp_path / "node-4").exists() and not (tmp_path / "data").exists()
