@@ -309,7 +309,12 @@ class Detector:
         self.missing_topics = set()
         for topic in watched_topics:
             if topic in unseen:
-                continue  # not seen, not gone: its partitions wait, unobserved (no clock)
+                # Not seen, not gone: its partitions wait, unobserved (no clock); the
+                # polls without it in a row start again. Never seen: still missing.
+                self._absent_polls.pop(topic, None)
+                if topic not in self._seen_topics:
+                    self.missing_topics.add(topic)
+                continue
             if topic in present:
                 self._seen_topics.add(topic)
                 self._absent_polls.pop(topic, None)

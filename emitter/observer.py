@@ -156,31 +156,29 @@ class BrokerObserver:
 
     def _unseen(self, metadata: Any, watched: list[str], errors: dict[str, str]) -> frozenset[str]:
         """Watched topics the metadata does not show, whose absence the broker did not
-        confirm. A broker lists only the topics the principal may describe: a topic not
-        listed is asked for by name, and only UNKNOWN_TOPIC_OR_PART is a topic not there
-        (not created yet, or deleted). A refusal (an ACL taken away) or an unanswered
-        request is not: a deleted topic's partitions become FINISHED, for good."""
+        confirm. A broker lists only the topics the principal may describe: the topics
+        not listed are asked for by name (one request, only while some are missing), and
+        only UNKNOWN_TOPIC_OR_PART is a topic not there (not created yet, or deleted). A
+        refusal (an ACL taken away) or no answer is not: a deleted topic's partitions
+        become FINISHED, for good."""
+        answers = kafka_clients.asked_by_name(
+            self._admin, kafka_clients.not_listed(metadata, watched), self._timeout_s
+        )
         unseen: set[str] = set()
-        for topic in watched:
-            listed = metadata.topics.get(topic)
-            if listed is not None and listed.error is None:
-                continue
-            if listed is None:
-                try:
-                    listed = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(
-                        topic
+        problems: list[str] = []
+        for topic, error in answers.items():
+            if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue  # not there
+            unseen.add(topic)  # (or described just now: created in between, next poll)
+            if error is not None:
+                problems.append(
+                    kafka_logging.authorization_problem(
+                        error, f"describe topic {topic}", self._kafka_config
                     )
-                except KafkaException as error:
-                    errors["metadata"] = str(error.args[0] if error.args else error)
-                    unseen.add(topic)
-                    continue
-            if listed is not None and listed.error is not None:
-                if listed.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    continue  # not there
-                errors["metadata"] = kafka_logging.authorization_problem(
-                    listed.error, f"describe topic {topic}", self._kafka_config
-                ) or (f"topic {topic}: {listed.error.str()}")
-            unseen.add(topic)  # (or listed by name just now, created in between)
+                    or f"topic {topic}: {error.str()}"
+                )
+        if problems:
+            errors["metadata"] = "; ".join(problems)
         return frozenset(unseen)
 
     def _batches_of(self, counts: dict[str, int]) -> list[_Batch]:

@@ -39,6 +39,9 @@ from slackwater.markers import EpochClaim, FinishRequest, Marker, TopicPartition
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
 log_unreachable = once_per_interval(f"{__name__}.connection")
+# The same failed request at every poll (a refused topic, a broker away) is one line
+# every 30 s, not one a second.
+log_poll_errors = once_per_interval(f"{__name__}.poll")
 
 
 def _iso(wall_ms: int | None) -> str | None:
@@ -182,7 +185,7 @@ class Emitter:
         for request in view.errors:
             self.metrics.poll_errors.labels(request).inc()
         if view.errors:
-            log.warning("poll errors: %s", view.errors)
+            log_poll_errors.warning("poll errors: %s", view.errors)
         observation = Observation(
             monotonic_s=self._monotonic_s(),
             wall_ms=self._wall_ms(),
@@ -197,7 +200,11 @@ class Emitter:
             self._track_group(view, observation.wall_ms)
         if observation.topics is not None and missing_now != missing_before:
             for topic in sorted(missing_now - missing_before):
-                log.warning("watched topic %s does not exist (yet); retrying every poll", topic)
+                log.warning(
+                    "watched topic %s is not listed by the broker (not created yet, or "
+                    "refused to this principal: see poll errors); retrying every poll",
+                    topic,
+                )
             for topic in sorted(missing_before - missing_now):
                 log.info("watched topic %s appeared; tracking its partitions", topic)
         published = self._publish(proposals)

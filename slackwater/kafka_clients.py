@@ -5,10 +5,11 @@ what the client's job needs, which the user cannot override by accident."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from slackwater.kafka_logging import client_logging
@@ -84,3 +85,33 @@ def partition_counts(metadata: Any, names: Iterable[str]) -> dict[str, int]:
         if topic is not None and topic.error is None:
             counts[name] = len(topic.partitions)
     return counts
+
+
+def not_listed(metadata: Any, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` a metadata answer does not list, or lists with an error."""
+    return [n for n in names if (t := metadata.topics.get(n)) is None or t.error is not None]
+
+
+def asked_by_name(
+    admin: AdminClient, names: list[str], timeout_s: float
+) -> dict[str, KafkaError | None]:
+    """What the broker answers for each topic asked for by name, in one request: None
+    if it describes the topic, else the error. A broker lists only the topics the
+    principal may describe, so a topic missing from a listing may be refused
+    (TOPIC_AUTHORIZATION_FAILED, whether it exists or not) as well as not there
+    (UNKNOWN_TOPIC_OR_PART); a request that failed leaves every topic with its error."""
+    if not names:
+        return {}
+    futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
+    concurrent.futures.wait(list(futures.values()), timeout=timeout_s)
+    answers: dict[str, KafkaError | None] = {}
+    for name, future in futures.items():
+        if not future.done():
+            answers[name] = KafkaError(KafkaError._TIMED_OUT, "no answer in time")
+            continue
+        try:
+            future.result()
+            answers[name] = None
+        except KafkaException as error:
+            answers[name] = error.args[0]
+    return answers

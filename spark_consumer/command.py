@@ -159,12 +159,29 @@ def run_consume(args: argparse.Namespace) -> int:
             server.stop()
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
 def failure_line(failure: object) -> str:
     """The line that says why a query failed: the source's own (a SourceError's message,
-    which Spark wraps in its report and a Python traceback), else Spark's first line."""
+    which Spark wraps in its report and a Python traceback); else a Python worker's
+    exception (the line that ends its traceback); else Spark's first line, with the
+    deepest ``Caused by:`` (a sink's disk full, a permission denied) when it has one.
+    Spark's own reports, which say the same with stack traces, are --verbose's."""
     lines = str(failure).strip().splitlines()
     for line in lines:
         _, found, reason = line.partition("SourceError: ")
         if found:
             return reason
-    return lines[0] if lines else repr(failure)
+    if not lines:
+        return repr(failure)
+    for index, line in enumerate(lines):
+        if line.rstrip().endswith(_TRACEBACK):
+            raised = next(
+                (later for later in lines[index + 1 :] if later and not later[0].isspace()),
+                None,
+            )
+            if raised is not None:
+                return f"a Python worker failed: {raised.strip()}"
+    causes = [line.strip() for line in lines if line.strip().startswith("Caused by: ")]
+    return f"{lines[0]} ({causes[-1]})" if causes else lines[0]

@@ -38,7 +38,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,7 @@ _MISSING_TOPIC_ERRORS = frozenset(
 # The planner's consumers read by assignment and commit nothing; librdkafka still finds
 # this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
 PLANNER_GROUP = "slackwater-source-planner"
+log_refused = once_per_interval(f"{__name__}.refused")
 log_unreachable = once_per_interval(f"{__name__}.connection")
 
 # ---------------------------------------------------------------------------- source
@@ -224,31 +225,36 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
         return self._subscribed(metadata)
 
-    def _subscribed(self, metadata: Any) -> dict[str, int]:
-        """Partition counts of the subscribed topics the broker lists."""
-        self._not_refused(metadata)
+    def _subscribed(self, metadata: Any, planned: Collection[str] = ()) -> dict[str, int]:
+        """Partition counts of the subscribed topics the broker lists (``planned``: the
+        topics the query has read, see _not_refused)."""
+        self._not_refused(metadata, planned)
         names = [name for name in metadata.topics if self.options.subscribes(name)]
         return kafka_clients.partition_counts(metadata, names)
 
-    def _not_refused(self, metadata: Any) -> None:
-        """A broker lists only the topics the principal may describe: a topic this query
-        names that is not listed is asked for by name, and a refusal ends the query (it
-        would otherwise wait for a topic "not yet created", or run without markers).
-        Topics of a pattern cannot be told apart from topics not there."""
+    def _not_refused(self, metadata: Any, planned: Collection[str]) -> None:
+        """A broker lists only the topics the principal may describe: the topics this
+        query names that are not listed are asked for by name (one request, only while
+        some are missing). A refused control topic, or a refused data topic the query
+        has read, ends the query: it would run without markers, or stop reading the
+        topic without a word. A data topic it has not read yet is waited for, saying so
+        (Kafka refuses a topic not there yet alike, when no ACL names it yet). Topics
+        of a pattern cannot be asked for: one refused is one not there."""
         control = self.options.control_topic
-        for topic in (*self.options.topics, *([control] if control else [])):
-            if topic in metadata.topics:
+        named = (*self.options.topics, *([control] if control else []))
+        answers = kafka_clients.asked_by_name(
+            self._admin_client(),
+            kafka_clients.not_listed(metadata, named),
+            self.options.request_timeout_s,
+        )
+        for topic, error in answers.items():
+            kind = "control topic" if topic == control else "topic"
+            refused = error and self.options.refused(error, f"describe {kind} {topic}")
+            if not refused:
                 continue
-            answer = (
-                self._admin_client()
-                .list_topics(topic, timeout=self.options.request_timeout_s)
-                .topics.get(topic)
-            )
-            if answer is not None and answer.error is not None:
-                kind = "control topic" if topic == control else "topic"
-                refused = self.options.refused(answer.error, f"describe {kind} {topic}")
-                if refused is not None:
-                    raise refused
+            if topic == control or topic in planned:
+                raise refused
+            log_refused.warning("%s: waiting for it (no data from it until then)", refused)
 
     def _list_offsets(
         self, partitions: list[tuple[str, int]], spec_name: str, *, wait_for_all: bool = False
@@ -388,7 +394,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         start = self._decoded(start_json)
         try:
-            now = self._look()
+            now = self._look(start.data.keys())
         except KafkaException as error:
             self._unreachable(error)
             return start_json  # no batch while the broker is away; the query keeps running
@@ -607,11 +613,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._admin_client().poll(0)
         return kafka_logging.take_authentication_failure(self._client_name)
 
-    def _look(self) -> _BrokerNow:
+    def _look(self, planned: Collection[str]) -> _BrokerNow:
         """One metadata request and one ListOffsets round for the whole plan: the
         subscribed topics' partitions and log ends, and the control topic's ends."""
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
-        counts = self._subscribed(metadata)
+        counts = self._subscribed(metadata, planned)
         wanted = [(t, p) for t, count in counts.items() for p in range(count)]
         control = self.options.control_topic
         if control is not None:

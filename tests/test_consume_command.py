@@ -18,6 +18,7 @@ import pytest
 
 from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
+from spark_consumer.command import failure_line
 from spark_consumer.consume_job import committed_rows
 from tests.conftest import TopicFactory
 from tests.factories import (
@@ -206,3 +207,47 @@ def test_an_unreachable_broker_is_a_few_clear_lines_and_sigterm_exits_0(tmp_path
     assert "Traceback" not in text
     assert len(text.splitlines()) <= 8, text
     assert any(line.endswith("consume: SIGTERM: stopping") for line in text.splitlines()), text
+
+
+# Spark's reports of a failed query (StreamingQueryException's text), as consume meets
+# them: the first line, then a Python worker's traceback or the JVM's causes.
+_LOST_TASK = (
+    "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Job aborted due "
+    "to stage failure: Task 0 in stage 0.0 failed 1 times, most recent failure: Lost task "
+    "0.0 in stage 0.0 (TID 0) (localhost executor driver): "
+    "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was "
+    "thrown from the Python worker: Traceback (most recent call last):"
+)
+_FRAMES = '  File "/job/udf.py", line 3, in parse\n    return json.loads(value)\n'
+
+
+@pytest.mark.parametrize(
+    ("report", "line"),
+    [
+        (
+            f"{_LOST_TASK}\n{_FRAMES}spark_consumer.source_options.SourceError: not "
+            "authorized as 'job' to read topic orders (partition 0): Broker: Topic "
+            "authorization failed\n SQLSTATE: 38000",
+            "not authorized as 'job' to read topic orders (partition 0): Broker: Topic "
+            "authorization failed",
+        ),
+        (
+            f"{_LOST_TASK}\n{_FRAMES}json.decoder.JSONDecodeError: Expecting value: line 1"
+            "\n SQLSTATE: 38000\n\tat org.apache.spark.api.python.BasePythonRunner(x.scala:1)",
+            "a Python worker failed: json.decoder.JSONDecodeError: Expecting value: line 1",
+        ),
+        (
+            "[STREAM_FAILED] Query [id = 1] terminated with exception: [TASK_WRITE_FAILED] "
+            "Task failed while writing rows to file:/out.\n\tat org.apache.spark.X(X.scala:1)"
+            "\nCaused by: java.io.IOException: Mkdirs failed\n\tat org.apache.hadoop.Y(Y.java:2)"
+            "\nCaused by: java.io.IOException: No space left on device",
+            "[STREAM_FAILED] Query [id = 1] terminated with exception: [TASK_WRITE_FAILED] "
+            "Task failed while writing rows to file:/out. (Caused by: java.io.IOException: "
+            "No space left on device)",
+        ),
+        ("[STREAM_FAILED] Query [id = 1] terminated", "[STREAM_FAILED] Query [id = 1] terminated"),
+    ],
+    ids=["the source's reason", "a python worker's error", "the deepest cause", "spark's line"],
+)
+def test_a_failed_query_is_said_in_the_line_that_names_its_cause(report: str, line: str) -> None:
+    assert failure_line(report) == line

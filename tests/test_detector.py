@@ -178,6 +178,24 @@ def test_a_topic_the_broker_would_not_describe_is_neither_present_nor_deleted() 
     assert run(detector, obs(13, {0: 3})) == [P(0, IDLE, 3, Reason.IDLE_TIMEOUT)]
 
 
+def test_an_unseen_poll_breaks_a_run_of_absent_polls() -> None:
+    """Deletion needs ``deleted_topic_polls`` confirmed absences in a row."""
+    detector = Detector(idle_timeout_s=100, deleted_topic_polls=2)
+    run(detector, obs(0, {0: 3}))
+    unseen = Observation(2, 2000, {}, {}, unseen_topics=frozenset({T}))
+    assert run(detector, obs(1, {}, topics={})) == []
+    assert run(detector, unseen) == []
+    assert run(detector, obs(3, {}, topics={})) == []  # one in a row again
+    assert run(detector, obs(4, {}, topics={})) == [P(0, FINISHED, 3, Reason.TOPIC_DELETED)]
+
+
+def test_a_topic_never_seen_and_refused_stays_missing() -> None:
+    detector = Detector(idle_timeout_s=1)
+    unseen = Observation(0, 0, {}, {}, unseen_topics=frozenset({T}))
+    assert run(detector, unseen) == []
+    assert detector.missing_topics == {T}
+
+
 def test_topic_not_created_yet_is_missing_then_tracked() -> None:
     detector = Detector(idle_timeout_s=1)
     assert run(detector, obs(0, {}, topics={})) == []

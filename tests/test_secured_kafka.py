@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,7 +22,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -410,7 +410,7 @@ def test_an_emitter_refused_a_topic_it_watched_publishes_nothing_for_it_and_says
             DEADLINE_S,
             "IDLE markers",
         )
-        _change_acls(admin.delete_acls, [_filter(b) for b in describe])
+        _change_acls(admin, False, describe)
         # Twice the polls after which a topic not listed any more counts as deleted.
         after_polls(running, 2 * running.emitter.config.deleted_topic_polls + 2)
         refused = (
@@ -424,7 +424,7 @@ def test_an_emitter_refused_a_topic_it_watched_publishes_nothing_for_it_and_says
         assert refused in caplog.text
         assert (running.metric("slackwater_emitter_poll_errors_total", request="metadata") or 0) > 0
         # The right given back: the emitter follows the topic again.
-        _change_acls(admin.create_acls, describe)
+        _change_acls(admin, True, describe)
         write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
         write.data(0, 1)
         wait_until(
@@ -658,7 +658,7 @@ def test_consume_without_the_right_to_read_the_data_topic_exits_non_zero_in_one_
         and b.name == topics.data
         and b.operation == AclOperation.READ
     ]
-    _change_acls(admin.delete_acls, [_filter(b) for b in read_data])
+    _change_acls(admin, False, read_data)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
     # Planned (Describe is allowed), then refused in an executor's reader task.
@@ -689,9 +689,6 @@ def _consume_as(
 # the source's one line then says it may not do.
 MISSING_RIGHTS = {
     "read the data topic": (DATA, {AclOperation.READ}, "read topic {data} (partition 0)"),
-    "describe the data topic": (
-        DATA, {AclOperation.READ, AclOperation.DESCRIBE}, "describe topic {data}",
-    ),
     "read the control topic": (CONTROL, {AclOperation.READ}, "read control topic {control}"),
     "describe the control topic": (
         CONTROL, {AclOperation.READ, AclOperation.DESCRIBE}, "describe control topic {control}",
@@ -722,7 +719,7 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
         and b.operation in operations
     ]
     assert taken
-    _change_acls(admin.delete_acls, [_filter(b) for b in taken])
+    _change_acls(admin, False, taken)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
     write.marker(1, IDLE)
@@ -743,7 +740,7 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
             finally:
                 driven.stop()
     finally:
-        _change_acls(admin.create_acls, taken)  # the group ACL is shared by the module
+        _change_acls(admin, True, taken)  # the group ACL is shared by the module
     line = str(failed.value)
     assert "\n" not in line
     assert line.startswith(f"not authorized as 'orders-job' to {action.format(**vars(topics))}"), (
@@ -751,6 +748,43 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
     )
     assert "authorization failed" in line.lower(), line
     assert PASSWORDS["orders-job"] not in line
+
+
+def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_ends_it(
+    secured: KafkaBroker, topics: Topics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kafka refuses a topic the principal may not describe whether it exists or not: a
+    topic the query has not read yet may be one whose ACL comes with it, and is waited
+    for (loudly); one it has read ends the query."""
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    data_rights = [
+        b
+        for b in acls_of_deploy_md(topics)
+        if b.principal == "User:orders-job" and b.name == topics.data
+    ]
+    _change_acls(admin, False, data_rights)
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.data(0, 1, 2)
+    given = options(
+        secured.bootstrap_servers,
+        topics.data,
+        topics.control,
+        **{f"kafka.{key}": value for key, value in credentials("orders-job").items()},
+    )
+    refused = f"not authorized as 'orders-job' to describe topic {topics.data}: "
+    driven = Driven.start(given)
+    try:
+        assert driven.step() == []  # no partition of it: nothing planned, nothing read
+        assert f"{refused}Broker: Topic authorization failed: waiting for it" in caplog.text
+        _change_acls(admin, True, data_rights)
+        rows = driven.step()
+        assert sorted((r["partition"], r["offset"]) for r in real(rows)) == [(0, 0), (0, 1)]
+        _change_acls(admin, False, data_rights)
+        with pytest.raises(SourceError, match=f"^{re.escape(refused)}"):
+            driven.step()
+    finally:
+        driven.stop()
+        _change_acls(admin, True, data_rights)
 
 
 def _filter(binding: AclBinding) -> AclBindingFilter:
@@ -765,6 +799,16 @@ def _filter(binding: AclBinding) -> AclBindingFilter:
     )
 
 
-def _change_acls(change: Any, bindings: list[Any]) -> None:
-    for future in change(bindings).values():
+def _change_acls(admin: AdminClient, present: bool, bindings: list[AclBinding]) -> None:
+    """``bindings`` created (``present``) or deleted, returning once the broker's
+    authorizer shows the change (DescribeAcls is answered from it): the next request
+    meets the new rights."""
+    filters = [_filter(b) for b in bindings]
+    change = admin.create_acls(bindings) if present else admin.delete_acls(filters)
+    for future in change.values():
         future.result(30)
+    wait_until(
+        lambda: all(bool(admin.describe_acls(f).result(30)) == present for f in filters),
+        DEADLINE_S,
+        f"ACLs {'created' if present else 'deleted'}",
+    )
