@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
-from spark_consumer.consume_job import spark_session
+from spark_consumer.consume.job import spark_session
 from spark_consumer.source import read_stream
 
 BASE_MS = 1_700_000_000_000

@@ -40,8 +40,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.config import ConsumerConfig
-from spark_consumer.consume_job import spark_session, start
+from spark_consumer.consume.config import ConsumerConfig
+from spark_consumer.consume.job import spark_session, start
 from spark_consumer.source import SlackwaterKafkaSource, read_stream
 
 BASE_MS = 1_700_000_000_000

@@ -33,9 +33,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.consume_job import spark_session
+from spark_consumer.consume.job import spark_session
 from spark_consumer.source import read_stream
-from spark_consumer.source_offset import SourceOffset
+from spark_consumer.source.offset import SourceOffset
 
 TRIGGER = "200 milliseconds"
 

@@ -29,10 +29,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import SlackwaterStreamReader
-from spark_consumer.source_offset import SourceOffset
-from spark_consumer.source_options import SourceOptions
-from spark_consumer.source_partitions import Progress, SyntheticPartition, TaskPartition
+from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.options import SourceOptions
+from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.splits import Progress, SyntheticPartition, TaskPartition
 
 
 def _write_records(producer: Producer, topics: list[str], per_topic: int, round_: int) -> None:

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.consume_job import spark_session
+from spark_consumer.consume.job import spark_session
 from spark_consumer.source import read_stream
 
 BASE_MS = 1_700_000_000_000

@@ -51,15 +51,15 @@ from slackwater import kafka_clients
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_logging import LOGGER_NAME as LIBRDKAFKA_LOGGER
 from slackwater.markers import MarkerStatus
-from spark_consumer.config import ConsumerConfig
-from spark_consumer.consume_job import (
+from spark_consumer.consume.config import ConsumerConfig
+from spark_consumer.consume.job import (
     committed_rows,
     plain_spark_output,
     spark_session,
     start,
     windows_emitted,
 )
-from spark_consumer.source_metrics import offsets_in, partitions_of
+from spark_consumer.source.metrics import offsets_in, partitions_of
 from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
 PARTITIONS = 8

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from slackwater import kafka_clients
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_cluster import KafkaCluster
-from spark_consumer import reader_clients
+from spark_consumer.source import reader_clients
 
 if TYPE_CHECKING:
     from tests.emitter_harness import RunningEmitter
@@ -165,7 +165,7 @@ def spark(broker: KafkaBroker) -> Iterator[object]:
 
     It depends on ``broker`` so that it stops first, with the clients its queries hold.
     """
-    from spark_consumer.consume_job import spark_session
+    from spark_consumer.consume.job import spark_session
 
     session = spark_session("slackwater-tests")
     try:

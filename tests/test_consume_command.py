@@ -18,8 +18,8 @@ import pytest
 
 from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
-from spark_consumer.command import failure_line
-from spark_consumer.consume_job import committed_rows
+from spark_consumer.consume.commands import failure_line
+from spark_consumer.consume.job import committed_rows
 from tests.conftest import TopicFactory
 from tests.factories import (
     SLACKWATER,
@@ -225,7 +225,7 @@ _FRAMES = '  File "/job/udf.py", line 3, in parse\n    return json.loads(value)\
     ("report", "line"),
     [
         (
-            f"{_LOST_TASK}\n{_FRAMES}spark_consumer.source_options.SourceError: not "
+            f"{_LOST_TASK}\n{_FRAMES}spark_consumer.source.options.SourceError: not "
             "authorized as 'job' to read topic orders (partition 0): Broker: Topic "
             "authorization failed\n SQLSTATE: 38000",
             "not authorized as 'job' to read topic orders (partition 0): Broker: Topic "

@@ -1,4 +1,4 @@
-"""`slackwater consume` on the source (spark_consumer/consume_job.py): Spark's own window
+"""`slackwater consume` on the source (spark_consumer/consume/job.py): Spark's own window
 aggregations closed by the valve's watermark, and the late output.
 
 Expected windows are computed here from the records written (`_expected`), by the rules
@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
-from spark_consumer.config import ConsumerConfig
-from spark_consumer.consume_job import ConsumeJob, start
+from spark_consumer.consume.config import ConsumerConfig
+from spark_consumer.consume.job import ConsumeJob, start
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.source_harness import iso_ms, late_output_rows

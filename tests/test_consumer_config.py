@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from slackwater.settings import ConfigError, load_config
-from spark_consumer.config import ConsumerConfig
-from spark_consumer.consume_job import aggregation_column, late_rule
+from spark_consumer.consume.config import ConsumerConfig
+from spark_consumer.consume.job import aggregation_column, late_rule
 
 BASE: dict[str, Any] = {
     "bootstrap_servers": "localhost:9092",
@@ -86,8 +86,8 @@ def test_production_settings_default_as_the_source_and_take_off() -> None:
 
 
 def test_the_job_hands_its_settings_to_the_source_as_options() -> None:
-    from spark_consumer.consume_job import source_options
-    from spark_consumer.source_options import SourceOptions
+    from spark_consumer.consume.job import source_options
+    from spark_consumer.source.options import SourceOptions
 
     parsed = SourceOptions.parse(
         source_options(_load(fail_on_data_loss="false", max_event_time_ahead_ms="off"))

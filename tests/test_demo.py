@@ -18,7 +18,7 @@ from demo.live_demo import (
     ROUND_MS,
     Script,
 )
-from spark_consumer.consume_job import committed_rows
+from spark_consumer.consume.job import committed_rows
 from tests.factories import run_cli
 
 ALWAYS = [p for p in range(PARTITIONS) if p not in (QUIET, FINISHED_PARTITION)]

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
-from spark_consumer.source_offset import SourceOffset
+from spark_consumer.source.offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.process_harness import frozen, wait_while_running

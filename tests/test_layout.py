@@ -69,3 +69,74 @@ def test_every_subcommand_is_an_entry_point_of_its_own_floor() -> None:
         "demo": "demo",
         "demo-producer": "demo",
     }
+
+
+# Inside spark_consumer: the pure core (the valve, the aligner), the source, and the
+# consume application on top; each room imports only the rooms below it.
+ROOMS = {
+    "spark_consumer.valve": set(),
+    "spark_consumer.alignment": {"spark_consumer.valve"},
+    "spark_consumer.source": {"spark_consumer.valve", "spark_consumer.alignment"},
+    "spark_consumer.consume": {"spark_consumer.source", "spark_consumer.valve"},
+}
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def _rooms_imported(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found |= {room for name in names if (room := _room(name)) is not None}
+    return found
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_spark_consumers_rooms_import_only_the_rooms_below(room: str) -> None:
+    base = ROOT / room.replace(".", "/")
+    paths = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+    assert paths and all(path.exists() for path in paths)
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in paths
+        for imported in _rooms_imported(path) - ROOMS[room] - {room}
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_every_module_of_spark_consumer_is_in_a_room() -> None:
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in (ROOT / "spark_consumer").rglob("*.py")
+        if path.name != "__init__.py" or path.parent != ROOT / "spark_consumer"
+    }
+    assert {module for module in modules if _room(module) is None} == set()
+
+
+def test_the_source_has_one_face_and_jobs_use_only_it() -> None:
+    """Users and the examples import the source from its package."""
+    from spark_consumer import source
+
+    assert sorted(source.__all__) == [
+        "SOURCE_NAME",
+        "SlackwaterKafkaSource",
+        "SourceError",
+        "read_stream",
+        "serve_source_metrics",
+        "with_valve_watermark",
+    ]
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        deeper = [
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("spark_consumer.source.")
+        ]
+        assert not deeper, f"{path.name} imports {deeper}"

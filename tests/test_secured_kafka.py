@@ -42,8 +42,8 @@ from emitter.control_topic import ControlTopicReader
 from slackwater.java_check import java_executable
 from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import Marker, MarkerStatus, encode
-from spark_consumer.consume_job import committed_rows
-from spark_consumer.source_options import SourceError
+from spark_consumer.consume.job import committed_rows
+from spark_consumer.source.options import SourceError
 from tests.conftest import TEST_BROKER_SETTINGS
 from tests.emitter_harness import after_polls, start_emitter
 from tests.factories import SLACKWATER, run_cli, wait_until

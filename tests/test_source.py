@@ -17,13 +17,14 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
 from spark_consumer.source import (
     SlackwaterKafkaSource,
-    SlackwaterStreamReader,
     SourceError,
+    serve_source_metrics,
     with_valve_watermark,
 )
-from spark_consumer.source_metrics import partitions_of, serve_source_metrics
-from spark_consumer.source_offset import SourceOffset
-from spark_consumer.source_options import SourceOptions
+from spark_consumer.source.metrics import partitions_of
+from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.options import SourceOptions
+from spark_consumer.source.planner import SlackwaterStreamReader
 from tests.conftest import TopicFactory
 from tests.factories import scrape_metrics
 from tests.kafka_writer import BASE_MS, Writer

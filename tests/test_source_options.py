@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_consumer.source_options import WATERMARK_DELAY_MS, SourceError, SourceOptions
-from spark_consumer.source_partitions import TaskPartition, late_events_watermark
+from spark_consumer.source.options import WATERMARK_DELAY_MS, SourceError, SourceOptions
+from spark_consumer.source.splits import TaskPartition, late_events_watermark
 
 BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
 

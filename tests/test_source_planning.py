@@ -1,4 +1,4 @@
-"""The planner's pure steps (spark_consumer/source.py), without a broker."""
+"""The planner's pure steps (spark_consumer/source/planner.py), without a broker."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.source import (
+from spark_consumer.source.offset import SourceOffset, ranges
+from spark_consumer.source.planner import (
     _BrokerNow,
     _nothing_new_since,
     _partition_batches,
@@ -18,8 +19,7 @@ from spark_consumer.source import (
     _records_between,
     _same_batch,
 )
-from spark_consumer.source_offset import SourceOffset, ranges
-from spark_consumer.source_partitions import Progress
+from spark_consumer.source.splits import Progress
 
 
 def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> SourceOffset:

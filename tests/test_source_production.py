@@ -20,9 +20,10 @@ from pyspark.sql import SparkSession
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
-from spark_consumer.source import SlackwaterStreamReader, SourceError
-from spark_consumer.source_offset import SourceOffset
-from spark_consumer.source_options import PROGRESS_RETENTION_MS
+from spark_consumer.source import SourceError
+from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.options import PROGRESS_RETENTION_MS
+from spark_consumer.source.planner import SlackwaterStreamReader
 from tests.conftest import TopicFactory
 from tests.factories import wait_until
 from tests.kafka_writer import BASE_MS, Writer

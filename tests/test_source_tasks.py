@@ -1,4 +1,4 @@
-"""A batch's ranges grouped into tasks (spark_consumer/source_partitions.py): each task
+"""A batch's ranges grouped into tasks (spark_consumer/source/splits.py): each task
 reads its ranges with one pooled consumer and writes one progress record."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer import reader_clients
-from spark_consumer.source_options import SourceError, SourceOptions
-from spark_consumer.source_partitions import (
+from spark_consumer.source import reader_clients
+from spark_consumer.source.options import SourceError, SourceOptions
+from spark_consumer.source.splits import (
     MAX_RANGES_PER_TASK,
     Progress,
     Range,

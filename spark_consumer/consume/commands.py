@@ -100,7 +100,7 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_consume(args: argparse.Namespace) -> int:
-    from spark_consumer.config import ConsumerConfig
+    from spark_consumer.consume.config import ConsumerConfig
 
     verbose = bool(args.verbose)
     del args.verbose
@@ -123,8 +123,8 @@ def run_consume(args: argparse.Namespace) -> int:
             return 1
 
     from slackwater.http_server import MetricsServer
-    from spark_consumer.consume_job import spark_session, start
-    from spark_consumer.metrics import ConsumeMetrics
+    from spark_consumer.consume.job import spark_session, start
+    from spark_consumer.consume.metrics import ConsumeMetrics
 
     stop = stop_on_signals("consume")
     spark = spark_session("slackwater-consume", verbose=verbose)

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from spark_consumer.consume_job import windows_emitted
-from spark_consumer.source_metrics import Queries, SourceCollector
+from spark_consumer.consume.job import windows_emitted
+from spark_consumer.source.metrics import Queries, SourceCollector
 
 PREFIX = "slackwater_consume_"
 

@@ -23,8 +23,8 @@ from pyspark.sql.types import (
 
 from slackwater import kafka_clients, kafka_logging
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
-from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
-from spark_consumer.late_rows import LATE_ONLY, LateRule
+from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
+from spark_consumer.source.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
 # The source's Kafka clients' name (their logger is librdkafka.source).

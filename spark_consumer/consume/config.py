@@ -14,7 +14,7 @@ from slackwater.settings import (
     parse_duration_ms,
     parse_optional_duration_ms,
 )
-from spark_consumer.event_time import MAX_EVENT_TIME_AHEAD_MS
+from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS
 
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # What --agg takes: <function>:<JSON field>.
@@ -26,7 +26,7 @@ def _as_list(value: object) -> object:
 
 
 class ConsumerConfig(BaseModel):
-    """Settings of ``slackwater consume`` (:mod:`spark_consumer.consume_job`)."""
+    """Settings of ``slackwater consume`` (:mod:`spark_consumer.consume.job`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

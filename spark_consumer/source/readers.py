@@ -13,17 +13,17 @@ from typing import Any
 import pyarrow as pa
 
 from slackwater import kafka_clients
-from spark_consumer import reader_clients
-from spark_consumer.event_time import (
+from spark_consumer.source import reader_clients
+from spark_consumer.source.event_time import (
     MAX_EVENT_TIME_MS,
     MIN_EVENT_TIME_MS,
     UnreadableEventTime,
     from_json_field,
     from_timestamp,
 )
-from spark_consumer.late_rows import DroppedRow, LateRule, write_range
-from spark_consumer.source_options import ARROW_SCHEMA, EVENT_TIME, LATE, SourceError, SourceOptions
-from spark_consumer.source_partitions import (
+from spark_consumer.source.late_rows import DroppedRow, LateRule, write_range
+from spark_consumer.source.options import ARROW_SCHEMA, EVENT_TIME, LATE, SourceError, SourceOptions
+from spark_consumer.source.splits import (
     Progress,
     SyntheticPartition,
     TaskPartition,

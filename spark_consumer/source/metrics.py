@@ -23,7 +23,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.http_server import MetricsServer
 from slackwater.markers import MarkerStatus
-from spark_consumer.source_offset import OffsetFormatError, SourceOffset
+from spark_consumer.source.offset import OffsetFormatError, SourceOffset
 from spark_consumer.valve import WatermarkStatus
 
 PREFIX = "slackwater_source_"

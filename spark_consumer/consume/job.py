@@ -25,13 +25,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from spark_consumer.config import ConsumerConfig
-from spark_consumer.source import (
-    SOURCE_NAME,
-    SlackwaterKafkaSource,
-    task_options,
-    with_valve_watermark,
-)
+from spark_consumer.consume.config import ConsumerConfig
+from spark_consumer.source import SOURCE_NAME, SlackwaterKafkaSource, with_valve_watermark
+from spark_consumer.source.stream import task_options
 
 log = logging.getLogger(__name__)
 

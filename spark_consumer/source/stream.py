@@ -1,0 +1,143 @@
+"""The source as a job uses it (semantics.md §6): the DataSource Spark instantiates by
+its name, and ``read_stream``, the source with the valve's watermark as Spark's own.
+
+    events = read_stream(spark, bootstrap_servers="host:9092", topics=["orders"],
+                         control_topic="slackwater.control", max_out_of_orderness="2s")
+    events.groupBy(F.window("event_time", "10 seconds"), "key").count()
+
+or, as a two-line change to an existing job:
+
+    frame = spark.readStream.format("slackwater-kafka").option(...).load()
+    events = with_valve_watermark(frame)
+
+How the valve's watermark V becomes Spark's: every micro-batch carries one synthetic
+row whose event time is V + D, D being the ``withWatermark`` delay (36,500 days). Real
+rows give ``max(event time) - D``, far below V, so Spark's watermark is exactly V.
+``with_valve_watermark`` removes the row again, with a predicate on the event-time
+column (one without it would be pushed below the watermark node). Spark applies
+batch N's watermark from batch N+1 on:
+
+    batch        N-1              N                  N+1
+    planned      V(N-1)           V(N)               V(N+1)   (latestOffset, driver side)
+    applied      ...              V(N-1)             V(N)     (Spark's watermark)
+    late rows    event < ...      event < V(N-1)     event < V(N)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.types import StructField, StructType, TimestampType
+
+from spark_consumer.source.options import (
+    EVENT_TIME,
+    SCHEMA,
+    SOURCE_NAME,
+    WATERMARK_DELAY_METADATA,
+    WATERMARK_DELAY_MS,
+    SourceOptions,
+)
+from spark_consumer.source.planner import SlackwaterStreamReader
+
+
+class SlackwaterKafkaSource(DataSource):
+    """``spark.readStream.format("slackwater-kafka")``: Kafka records plus the valve."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        # The event-time column carries D, so that with_valve_watermark applies the
+        # delay the synthetic row was planned with and the two cannot disagree.
+        delay_ms = SourceOptions.parse(dict(self.options)).watermark_delay_ms
+        return StructType(
+            [
+                StructField(f.name, f.dataType, f.nullable)
+                if f.name != EVENT_TIME
+                else StructField(
+                    EVENT_TIME, TimestampType(), True, {WATERMARK_DELAY_METADATA: delay_ms}
+                )
+                for f in SCHEMA.fields
+            ]
+        )
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return SlackwaterStreamReader(SourceOptions.parse(dict(self.options)))
+
+
+def _not_synthetic() -> Column:
+    """True for every real row.
+
+    It references the event-time column, so Spark does not push it below the watermark
+    node. And it is not deterministic (``spark_partition_id() < 0``, never true, one
+    lookup per row; Spark folds ``rand() < 0`` away, and rejects
+    ``monotonically_increasing_id()`` in streaming), so Spark pushes no later filter of
+    the user's below it either: a filter on ``topic`` or ``key`` would otherwise drop
+    the synthetic row before the watermark node sees it, and the valve's watermark
+    with it.
+    """
+    synthetic = F.col("topic").isNull() & F.col(EVENT_TIME).isNotNull()
+    return ~synthetic | (F.spark_partition_id() < 0)
+
+
+def with_valve_watermark(frame: DataFrame) -> DataFrame:
+    """The valve's watermark as Spark's: ``withWatermark`` on ``event_time`` with the
+    delay the source planned its synthetic row with (from the column's metadata), then
+    the synthetic row removed."""
+    delay_ms = frame.schema[EVENT_TIME].metadata.get(WATERMARK_DELAY_METADATA, WATERMARK_DELAY_MS)
+    return frame.withWatermark(EVENT_TIME, f"{int(delay_ms)} milliseconds").filter(_not_synthetic())
+
+
+def read_stream(
+    spark: SparkSession,
+    *,
+    bootstrap_servers: str,
+    topics: Sequence[str],
+    control_topic: str | None,
+    max_out_of_orderness: str = "0s",
+    event_time_field: str | None = None,
+    starting_offsets: str = "earliest",
+    kafka_config: dict[str, str] | None = None,
+    watermark_delay: str | None = None,
+    options: dict[str, str] | None = None,
+) -> DataFrame:
+    """The source with its watermark applied: what a job reads (semantics.md §6).
+    ``options`` are any other of the source's options by name (docs/source.md), e.g.
+    ``{"readTimeoutMs": "300000"}``.
+
+    ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
+    state lives for the delay: Spark's watermark then becomes max(V, newest - delay),
+    the valve's only while no partition lags the newest record by more than the delay.
+    """
+    spark.dataSource.register(SlackwaterKafkaSource)
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", ",".join(topics))
+        .option("maxOutOfOrderness", max_out_of_orderness)
+        .option("startingOffsets", starting_offsets)
+    )
+    if control_topic is not None:
+        reader = reader.option("controlTopic", control_topic)
+    if event_time_field is not None:
+        reader = reader.option("eventTimeField", event_time_field)
+    if watermark_delay is not None:
+        reader = reader.option("watermarkDelay", watermark_delay)
+    for key, value in (kafka_config or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
+    reader = reader.options(**(options or {}))
+    return with_valve_watermark(reader.options(**task_options(spark)).load())
+
+
+def task_options(spark: SparkSession) -> dict[str, str]:
+    """``tasksPerBatch`` from Spark's default parallelism (the planner, in a Python process
+    of its own, cannot ask Spark); nothing where Spark does not say (Spark Connect)."""
+    try:
+        parallelism = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext
+        return {}
+    return {"tasksPerBatch": str(parallelism)}
