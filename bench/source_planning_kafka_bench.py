@@ -32,7 +32,8 @@ from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source.offset import SourceOffset
 from spark_consumer.source.options import SourceOptions
 from spark_consumer.source.planner import SlackwaterStreamReader
-from spark_consumer.source.splits import Progress, SyntheticPartition, TaskPartition
+from spark_consumer.source.progress import Progress
+from spark_consumer.source.splits import SyntheticPartition, TaskPartition
 
 
 def _write_records(producer: Producer, topics: list[str], per_topic: int, round_: int) -> None:
@@ -58,7 +59,7 @@ def _write_progress(
             )
             continue
         assert isinstance(split, TaskPartition)
-        key = split.progress_key("timestamp")
+        key = split.progress_key()
         progress = [
             Progress(
                 records=finish - begin,

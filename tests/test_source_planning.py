@@ -19,7 +19,7 @@ from spark_consumer.source.planner import (
     _records_between,
     _same_batch,
 )
-from spark_consumer.source.splits import Progress
+from spark_consumer.source.progress import Progress
 
 
 def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> SourceOffset:

@@ -15,13 +15,8 @@ from hypothesis import strategies as st
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import reader_clients
 from spark_consumer.source.options import SourceError, SourceOptions
-from spark_consumer.source.splits import (
-    MAX_RANGES_PER_TASK,
-    Progress,
-    Range,
-    TaskPartition,
-    group_ranges,
-)
+from spark_consumer.source.progress import Progress, Range
+from spark_consumer.source.splits import MAX_RANGES_PER_TASK, TaskPartition, group_ranges
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
 from tests.source_driver import Driven, options, real

@@ -44,14 +44,9 @@ from spark_consumer.source.options import (
     SourceOptions,
     channel,
 )
-from spark_consumer.source.readers import (
-    GONE_CHECK_S,
-    read_synthetic,
-    read_task,
-    synthetic_progress_key,
-)
+from spark_consumer.source.progress import Progress, synthetic_progress_key
+from spark_consumer.source.readers import GONE_CHECK_S, read_synthetic, read_task
 from spark_consumer.source.splits import (
-    Progress,
     SyntheticPartition,
     TaskPartition,
     group_ranges,
@@ -816,7 +811,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             task = wanted.pop(key, None)
             if task is not None:
                 try:
-                    found.update(_decode_progress(task, message.value()))
+                    found.update(task.decode_progress(message.value()))
                 except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
                     # Not a reader's record (nothing of ours writes this): skipped, counted;
                     # the reader's own record is still awaited.
@@ -843,9 +838,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     ) -> dict[str, TaskPartition | SyntheticPartition]:
         """The progress keys of the last batch, each with the task that writes it: the
         tasks ``partitions`` made of the same offset."""
-        event_time = self._event_time_name()
         wanted: dict[str, TaskPartition | SyntheticPartition] = {
-            task.progress_key(event_time): task for task in self._tasks(start)
+            task.progress_key(): task for task in self._tasks(start)
         }
         synthetic = self._synthetic(start)
         if synthetic is not None and start.previous_threshold is not None:
@@ -909,9 +903,6 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             return None  # nothing deleted: a record still missing is late, not gone
         return read_again_from
 
-    def _event_time_name(self) -> str:
-        return self.options.event_time_field or "timestamp"
-
     # ---------------------------------------------------------------- planning
 
     def partitions(
@@ -943,6 +934,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 query=end.query,
                 latest_event_ms=end.latest_event_ms,
                 legacy=end.tasks is None,
+                event_time=self.options.event_time_field or "timestamp",
             )
             for ranges in group_ranges(end.ranges(), end.tasks)
         ]
@@ -1108,15 +1100,6 @@ def _partition_batches(
                 read_position=read_position,
             )
     return batch
-
-
-def _decode_progress(
-    task: TaskPartition | SyntheticPartition, value: bytes
-) -> list[tuple[tuple[str, int], Progress]]:
-    """Each range's progress in a task's record; a synthetic task's under ("", -1)."""
-    if isinstance(task, SyntheticPartition):
-        return [(("", -1), Progress.decode(value))]
-    return task.decode_progress(value)
 
 
 def _records_between(begin: Offsets, end: Offsets) -> int:

@@ -23,8 +23,9 @@ from spark_consumer.source.event_time import (
 )
 from spark_consumer.source.late_rows import DroppedRow, LateRule, write_range
 from spark_consumer.source.options import ARROW_SCHEMA, EVENT_TIME, LATE, SourceError, SourceOptions
+from spark_consumer.source.progress import Progress
+from spark_consumer.source.progress import report as progress_report
 from spark_consumer.source.splits import (
-    Progress,
     SyntheticPartition,
     TaskPartition,
     late_events_watermark,
@@ -292,8 +293,7 @@ def _finish_task(
                 threshold_ms=builder.threshold_ms,
             )
         progress.append(seen.progress(current.lost))
-    key = task.progress_key(options.event_time_field or "timestamp")
-    _report_progress(options, key, task.encode_progress(progress, batch_id))
+    progress_report(options, task.progress_key(), task.encode_progress(progress, batch_id))
 
 
 # What _describe answers when the broker cannot tell now.
@@ -372,36 +372,7 @@ def read_synthetic(options: SourceOptions, split: SyntheticPartition) -> Iterato
     yield _synthetic_batch(split.planned_watermark_ms, split.watermark_delay_ms)
     if split.progress_key:
         progress = Progress(0, None, -1, 0, 0, batch_id=spark_batch_id())
-        _report_progress(options, split.progress_key, progress.encode())
-
-
-def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
-    """One progress record, acknowledged before the task ends (a retry or a replay
-    writes the same record again, harmlessly)."""
-    failures: list[Any] = []
-
-    def delivered(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(error)
-
-    config = {**options.producer_config(), "linger.ms": 0, "acks": "all"}
-    producer = reader_clients.producer(config)
-    producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
-    # A record the broker refuses (authorization, size) leaves the queue with an error:
-    # the task fails now, saying why, not the next plan after its progress timeout.
-    if producer.flush(options.request_timeout_s) != 0 or failures:
-        why = failures[0].str() if failures else "not acknowledged in time"
-        reader_clients.drop_producer(config)  # it may be in any state now
-        refused = failures and options.refused(
-            failures[0], f"write progress topic {options.progress_topic}"
-        )
-        raise refused or SourceError(
-            f"progress of {key} not written to {options.progress_topic}: {why}"
-        )
-
-
-def synthetic_progress_key(plan_id: str) -> str:
-    return f"synthetic:{plan_id}"
+        progress_report(options, split.progress_key, progress.encode())
 
 
 _partition_of = operator.methodcaller("partition")

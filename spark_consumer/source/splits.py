@@ -1,11 +1,11 @@
-"""What the driver hands the readers (a task of ranges, or the batch's synthetic row) and
-what the readers hand back (their progress), with the rule that judges late rows.
+"""What the driver hands the readers: a task of ranges, or the batch's synthetic row,
+with the rule that judges late rows (what the readers hand back is progress.py's).
 
 A batch's ranges (one per partition with new records) are grouped into tasks
 (``group_ranges``): one task reads all of its ranges with one consumer, at once, and
 writes one progress record for them (``TaskProgress``). The driver makes the same tasks
-from the offset again to know which records to wait for (``tasks_of``), so the key a
-reader writes and the key the driver waits for come from one place.
+from the offset again to know which records to wait for, so the key a reader writes and
+the key the driver waits for come from one split (``TaskPartition.progress_key``).
 
     ranges   t:0 [5,9)  t:1 [0,2)  t:2 [7,7+300)  t:3 [1,4) ...   (topic, partition order)
     tasks    [ t:0  t:1 ] [ t:2 ]                [ t:3 ... ]      about records / tasks each
@@ -14,73 +14,20 @@ reader writes and the key the driver waits for come from one place.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
+from spark_consumer.source.progress import (
+    Progress,
+    Range,
+    TaskProgress,
+    progress_key,
+    task_progress_key,
+)
 from spark_consumer.valve import MIN_WATERMARK
 
-
-@dataclass(frozen=True)
-class Progress:
-    """What a reader saw in one range: the driver needs nothing else of the data."""
-
-    records: int
-    max_event_time_ms: int | None
-    max_offset: int
-    late: int
-    unreadable: int
-    # Rows written to the late output (the option lateOutput), else 0.
-    dropped: int = 0
-    # Spark's id of the batch that read the range (its task's local property).
-    batch_id: int | None = None
-    # Records of the range that were gone when it was read (failOnDataLoss=false).
-    lost: int = 0
-
-    def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> Progress:
-        """Raises ValueError (or a subclass) for a record that is not a progress record."""
-        raw = json.loads(value)
-        return cls(
-            records=int(raw["records"]),
-            max_event_time_ms=None
-            if raw["max_event_time_ms"] is None
-            else int(raw["max_event_time_ms"]),
-            max_offset=int(raw["max_offset"]),
-            late=int(raw["late"]),
-            unreadable=int(raw["unreadable"]),
-            dropped=int(raw.get("dropped", 0)),
-            batch_id=None if raw.get("batch_id") is None else int(raw["batch_id"]),
-            lost=int(raw.get("lost", 0)),
-        )
-
-
-def progress_key(
-    *,
-    query: str,
-    topic: str,
-    partition: int,
-    start: int,
-    end: int,
-    late_threshold_ms: int,
-    event_time: str,
-) -> str:
-    """The same range read with the same settings by the same query gives the same
-    record: retries and replays only repeat it. ``query`` is the checkpoint's identity
-    (made in ``initialOffset``): two queries sharing a progress topic never take each
-    other's records (an offset of an older version has none: "")."""
-    key = f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
-    return f"{query}/{key}" if query else key
-
-
-# A partition's [start, end) in a batch: (topic, partition, start, end).
-Range = tuple[str, int, int, int]
 # A task holds at most this many ranges: its progress record stays far below Kafka's
 # default largest record (1 MB; about 30 bytes per range).
 MAX_RANGES_PER_TASK = 2_000
@@ -109,65 +56,6 @@ def group_ranges(ranges: Sequence[Range], tasks: int | None) -> list[tuple[Range
     return groups
 
 
-def task_progress_key(
-    *, query: str, ranges: Sequence[Range], late_threshold_ms: int, event_time: str
-) -> str:
-    """As ``progress_key``, for a task of ranges: its first range and count for a reader
-    of the topic, and a digest of them all, so that the key stays short."""
-    text = ";".join(f"{t}:{p}:{a}-{b}" for t, p, a, b in ranges)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    topic, partition, start, end = ranges[0]
-    first = f"{topic}:{partition}:{start}-{end}"
-    return f"{query}/task:{first}+{len(ranges) - 1}:{late_threshold_ms}:{event_time}:{digest}"
-
-
-@dataclass(frozen=True)
-class TaskProgress:
-    """What a reader task saw in each of its ranges (in the task's order), as columns."""
-
-    ranges: tuple[Progress, ...]
-    batch_id: int | None = None
-
-    _COLUMNS = ("records", "max_event_time_ms", "max_offset", "late", "unreadable", "dropped")
-
-    def encode(self) -> bytes:
-        columns: dict[str, object] = {
-            name: [getattr(p, name) for p in self.ranges] for name in self._COLUMNS
-        }
-        columns["lost"] = [p.lost for p in self.ranges]
-        return json.dumps(
-            {"v": 2, "batch_id": self.batch_id, **columns}, separators=(",", ":")
-        ).encode()
-
-    @classmethod
-    def decode(cls, value: bytes, count: int) -> TaskProgress:
-        """Raises ValueError (or a subclass) for a record that is not the progress of a
-        task of ``count`` ranges."""
-        raw = json.loads(value)
-        if raw.get("v") != 2:
-            raise ValueError("not a task's progress record")
-        batch_id = None if raw.get("batch_id") is None else int(raw["batch_id"])
-        columns = [raw[name] for name in (*cls._COLUMNS, "lost")]
-        if any(len(column) != count for column in columns):
-            raise ValueError(f"a task's progress record for other than {count} ranges")
-        ranges = tuple(
-            Progress(
-                records=int(records),
-                max_event_time_ms=None if newest is None else int(newest),
-                max_offset=int(max_offset),
-                late=int(late),
-                unreadable=int(unreadable),
-                dropped=int(dropped),
-                batch_id=batch_id,
-                lost=int(lost),
-            )
-            for records, newest, max_offset, late, unreadable, dropped, lost in zip(
-                *columns, strict=True
-            )
-        )
-        return cls(ranges, batch_id)
-
-
 # ------------------------------------------------------------------------ partitions
 
 
@@ -192,9 +80,13 @@ class TaskPartition(InputPartition):
     # version 1's readers wrote it (``progress_key``, ``Progress``), as the next plan of a
     # query restarted on that offset waits for.
     legacy: bool = False
+    # The event-time name in its progress key, set where the planner makes the task:
+    # its reader writes, and the planner waits for, the key of this one split.
+    event_time: str = "timestamp"
 
-    def progress_key(self, event_time: str) -> str:
+    def progress_key(self, event_time: str | None = None) -> str:
         """The key of the progress record its reader writes."""
+        event_time = self.event_time if event_time is None else event_time
         if self.legacy:
             topic, partition, start, end = self.ranges[0]
             return progress_key(
@@ -239,6 +131,10 @@ class SyntheticPartition(InputPartition):
     planned_watermark_ms: int
     watermark_delay_ms: int
     progress_key: str = ""
+
+    def decode_progress(self, value: bytes) -> list[tuple[tuple[str, int], Progress]]:
+        """Its task's record: Spark's batch id, under no partition ("", -1)."""
+        return [(("", -1), Progress.decode(value))]
 
 
 def late_events_watermark(split: TaskPartition, batch_id: int | None) -> int:

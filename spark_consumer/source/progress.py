@@ -1,0 +1,166 @@
+"""What a reader reports to the planner, and how the two find the same record.
+
+Readers write one record per task to the progress topic (``<control topic>.progress``)
+once the task has read its ranges, acknowledged before the task ends; the planner of
+the next batch waits for the keys of the tasks it made (splits.TaskPartition carries
+its key's every part, so the two never spell it apart) and advances each channel by
+what the record says (the records, the newest event time, the late and unreadable
+counts). The batch's synthetic task reports Spark's batch id under its own key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spark_consumer.source import reader_clients
+from spark_consumer.source.options import SourceError, SourceOptions
+
+# A partition's [start, end) in a batch: (topic, partition, start, end).
+Range = tuple[str, int, int, int]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a reader saw in one range: the driver needs nothing else of the data."""
+
+    records: int
+    max_event_time_ms: int | None
+    max_offset: int
+    late: int
+    unreadable: int
+    # Rows written to the late output (the option lateOutput), else 0.
+    dropped: int = 0
+    # Spark's id of the batch that read the range (its task's local property).
+    batch_id: int | None = None
+    # Records of the range that were gone when it was read (failOnDataLoss=false).
+    lost: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Progress:
+        """Raises ValueError (or a subclass) for a record that is not a progress record."""
+        raw = json.loads(value)
+        return cls(
+            records=int(raw["records"]),
+            max_event_time_ms=None
+            if raw["max_event_time_ms"] is None
+            else int(raw["max_event_time_ms"]),
+            max_offset=int(raw["max_offset"]),
+            late=int(raw["late"]),
+            unreadable=int(raw["unreadable"]),
+            dropped=int(raw.get("dropped", 0)),
+            batch_id=None if raw.get("batch_id") is None else int(raw["batch_id"]),
+            lost=int(raw.get("lost", 0)),
+        )
+
+
+def progress_key(
+    *,
+    query: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    late_threshold_ms: int,
+    event_time: str,
+) -> str:
+    """The same range read with the same settings by the same query gives the same
+    record: retries and replays only repeat it. ``query`` is the checkpoint's identity
+    (made in ``initialOffset``): two queries sharing a progress topic never take each
+    other's records (an offset of an older version has none: "")."""
+    key = f"{topic}:{partition}:{start}-{end}:{late_threshold_ms}:{event_time}"
+    return f"{query}/{key}" if query else key
+
+
+def task_progress_key(
+    *, query: str, ranges: Sequence[Range], late_threshold_ms: int, event_time: str
+) -> str:
+    """As ``progress_key``, for a task of ranges: its first range and count for a reader
+    of the topic, and a digest of them all, so that the key stays short."""
+    text = ";".join(f"{t}:{p}:{a}-{b}" for t, p, a, b in ranges)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    topic, partition, start, end = ranges[0]
+    first = f"{topic}:{partition}:{start}-{end}"
+    return f"{query}/task:{first}+{len(ranges) - 1}:{late_threshold_ms}:{event_time}:{digest}"
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """What a reader task saw in each of its ranges (in the task's order), as columns."""
+
+    ranges: tuple[Progress, ...]
+    batch_id: int | None = None
+
+    _COLUMNS = ("records", "max_event_time_ms", "max_offset", "late", "unreadable", "dropped")
+
+    def encode(self) -> bytes:
+        columns: dict[str, object] = {
+            name: [getattr(p, name) for p in self.ranges] for name in self._COLUMNS
+        }
+        columns["lost"] = [p.lost for p in self.ranges]
+        return json.dumps(
+            {"v": 2, "batch_id": self.batch_id, **columns}, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def decode(cls, value: bytes, count: int) -> TaskProgress:
+        """Raises ValueError (or a subclass) for a record that is not the progress of a
+        task of ``count`` ranges."""
+        raw = json.loads(value)
+        if raw.get("v") != 2:
+            raise ValueError("not a task's progress record")
+        batch_id = None if raw.get("batch_id") is None else int(raw["batch_id"])
+        columns = [raw[name] for name in (*cls._COLUMNS, "lost")]
+        if any(len(column) != count for column in columns):
+            raise ValueError(f"a task's progress record for other than {count} ranges")
+        ranges = tuple(
+            Progress(
+                records=int(records),
+                max_event_time_ms=None if newest is None else int(newest),
+                max_offset=int(max_offset),
+                late=int(late),
+                unreadable=int(unreadable),
+                dropped=int(dropped),
+                batch_id=batch_id,
+                lost=int(lost),
+            )
+            for records, newest, max_offset, late, unreadable, dropped, lost in zip(
+                *columns, strict=True
+            )
+        )
+        return cls(ranges, batch_id)
+
+
+def synthetic_progress_key(plan_id: str) -> str:
+    return f"synthetic:{plan_id}"
+
+
+def report(options: SourceOptions, key: str, value: bytes) -> None:
+    """One progress record, acknowledged before the task ends (a retry or a replay
+    writes the same record again, harmlessly)."""
+    failures: list[Any] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+
+    config = {**options.producer_config(), "linger.ms": 0, "acks": "all"}
+    producer = reader_clients.producer(config)
+    producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
+    # A record the broker refuses (authorization, size) leaves the queue with an error:
+    # the task fails now, saying why, not the next plan after its progress timeout.
+    if producer.flush(options.request_timeout_s) != 0 or failures:
+        why = failures[0].str() if failures else "not acknowledged in time"
+        reader_clients.drop_producer(config)  # it may be in any state now
+        refused = failures and options.refused(
+            failures[0], f"write progress topic {options.progress_topic}"
+        )
+        raise refused or SourceError(
+            f"progress of {key} not written to {options.progress_topic}: {why}"
+        )
