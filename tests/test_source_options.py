@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from spark_consumer.source.late_rows import LATE_ONLY, LateRule
 from spark_consumer.source.options import WATERMARK_DELAY_MS, SourceError, SourceOptions
 from spark_consumer.source.splits import TaskPartition, late_events_watermark
+from spark_consumer.source.stream import stream_options
 
 BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
 
@@ -80,3 +82,39 @@ def test_production_options_default_as_kafka_and_spark_do() -> None:
     assert changed.max_event_time_ahead_ms is None
     assert changed.fail_on_data_loss is False
     assert changed.progress_retention_ms == 2 * 86_400_000
+
+
+def test_every_keyword_of_read_stream_is_the_source_option_it_names() -> None:
+    given = stream_options(
+        bootstrap_servers="kafka:9092",
+        topic_pattern="orders-.*",
+        control_topic="slackwater.control",
+        max_out_of_orderness="2s",
+        event_time_field="ts",
+        starting_offsets="latest",
+        kafka_config={"security.protocol": "SASL_SSL"},
+        watermark_delay="1h",
+        late_output="/late",
+        late_rule="window:10000:10000",
+        fail_on_data_loss=False,
+        max_event_time_ahead="off",
+        consumer_idle_timeout="30s",
+    )
+    parsed = SourceOptions.parse(given)
+    assert (parsed.topics, parsed.topic_pattern, parsed.control_topic) == (
+        (),
+        "orders-.*",
+        "slackwater.control",
+    )
+    assert (parsed.max_out_of_orderness_ms, parsed.event_time_field) == (2_000, "ts")
+    assert (parsed.starting_offsets, parsed.kafka_config) == (
+        "latest",
+        {"security.protocol": "SASL_SSL"},
+    )
+    assert (parsed.watermark_delay_ms, parsed.late_output) == (3_600_000, "/late")
+    assert (parsed.fail_on_data_loss, parsed.max_event_time_ahead_ms) == (False, None)
+    assert parsed.consumer_idle_timeout_ms == 30_000
+    assert parsed.late_rule == LateRule.parse("window:10000:10000") != LATE_ONLY
+    # None leaves an option to its default.
+    defaults = SourceOptions.parse(stream_options(bootstrap_servers="b", topics=["t"]))
+    assert defaults.fail_on_data_loss is True and defaults.control_topic is None

@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_consumer.consume.config import ConsumerConfig
-from spark_consumer.source import SOURCE_NAME, SlackwaterKafkaSource, with_valve_watermark
-from spark_consumer.source.stream import task_options
+from spark_consumer.source import read_stream
+from spark_consumer.source.stream import stream_options
 
 log = logging.getLogger(__name__)
 
@@ -114,39 +114,39 @@ def late_rule(config: ConsumerConfig) -> str:
     return f"window:{config.window_ms}:{slide}"
 
 
+def source_keywords(config: ConsumerConfig) -> dict[str, Any]:
+    """``read_stream``'s keywords for this job's settings."""
+    return {
+        "bootstrap_servers": config.bootstrap_servers,
+        "topics": config.topics or None,
+        "topic_pattern": config.topic_pattern,
+        "control_topic": config.control_topic,
+        "max_out_of_orderness": f"{config.max_out_of_orderness_ms}ms",
+        "event_time_field": config.event_time_field,
+        "starting_offsets": config.starting_offsets,
+        "kafka_config": config.kafka_config,
+        "late_output": config.effective_late_output,
+        "late_rule": late_rule(config),
+        "fail_on_data_loss": config.fail_on_data_loss,
+        "max_event_time_ahead": _duration_or_off(config.max_event_time_ahead_ms),
+        "consumer_idle_timeout": None
+        if config.consumer_idle_timeout_ms is None
+        else f"{config.consumer_idle_timeout_ms}ms",
+    }
+
+
+def _duration_or_off(duration_ms: int | None) -> str:
+    return "off" if duration_ms is None else f"{duration_ms}ms"
+
+
 def source_options(config: ConsumerConfig) -> dict[str, str]:
     """The slackwater source's options for this job's settings."""
-    options = {
-        "kafka.bootstrap.servers": config.bootstrap_servers,
-        "controlTopic": config.control_topic,
-        "maxOutOfOrderness": f"{config.max_out_of_orderness_ms}ms",
-        "startingOffsets": config.starting_offsets,
-        "lateOutput": config.effective_late_output,
-        "lateRule": late_rule(config),
-        "failOnDataLoss": str(config.fail_on_data_loss).lower(),
-        "maxEventTimeAhead": "off"
-        if config.max_event_time_ahead_ms is None
-        else f"{config.max_event_time_ahead_ms}ms",
-    }
-    if config.topic_pattern is not None:
-        options["subscribePattern"] = config.topic_pattern
-    else:
-        options["subscribe"] = ",".join(config.topics)
-    if config.event_time_field is not None:
-        options["eventTimeField"] = config.event_time_field
-    if config.consumer_idle_timeout_ms is not None:
-        options["consumerIdleTimeout"] = f"{config.consumer_idle_timeout_ms}ms"
-    for key, value in config.kafka_config.items():
-        options[f"kafka.{key}"] = value
-    return options
+    return stream_options(**source_keywords(config))
 
 
 def events(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
     """The data topics through the source, with the valve's watermark applied."""
-    spark.dataSource.register(SlackwaterKafkaSource)
-    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(config))
-    reader = reader.options(**task_options(spark))
-    return with_valve_watermark(reader.load())
+    return read_stream(spark, **source_keywords(config))
 
 
 def windows(frame: DataFrame, config: ConsumerConfig) -> DataFrame:
@@ -228,10 +228,9 @@ def start_plain_spark(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    if config.topic_pattern is not None:
-        reader = reader.option("subscribePattern", config.topic_pattern)
-    else:
-        reader = reader.option("subscribe", ",".join(config.topics))
+    # Spark's Kafka source names its subscription as slackwater's does.
+    ours = stream_options(**source_keywords(config))
+    reader = reader.options(**{k: ours[k] for k in ("subscribe", "subscribePattern") if k in ours})
     frame = reader.load()
     if config.event_time_field is not None:
         event_time = F.timestamp_millis(_json_field(config.event_time_field).cast("long"))

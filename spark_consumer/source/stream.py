@@ -25,7 +25,7 @@ batch N's watermark from batch N+1 on:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -96,41 +96,90 @@ def read_stream(
     spark: SparkSession,
     *,
     bootstrap_servers: str,
-    topics: Sequence[str],
+    topics: Sequence[str] | None = None,
+    topic_pattern: str | None = None,
     control_topic: str | None,
     max_out_of_orderness: str = "0s",
     event_time_field: str | None = None,
     starting_offsets: str = "earliest",
-    kafka_config: dict[str, str] | None = None,
+    kafka_config: Mapping[str, str] | None = None,
     watermark_delay: str | None = None,
-    options: dict[str, str] | None = None,
+    late_output: str | None = None,
+    late_rule: str | None = None,
+    fail_on_data_loss: bool | None = None,
+    max_event_time_ahead: str | None = None,
+    consumer_idle_timeout: str | None = None,
+    options: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """The source with its watermark applied: what a job reads (semantics.md §6).
-    ``options`` are any other of the source's options by name (docs/source.md), e.g.
-    ``{"readTimeoutMs": "300000"}``.
+    """The source with its watermark applied: what a job reads (semantics.md §6). Each
+    keyword is one of the source's options (``stream_options``, docs/source.md);
+    ``options`` are any others by name, e.g. ``{"readTimeoutMs": "300000"}``. None
+    leaves an option at its default.
 
     ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
     state lives for the delay: Spark's watermark then becomes max(V, newest - delay),
     the valve's only while no partition lags the newest record by more than the delay.
     """
-    spark.dataSource.register(SlackwaterKafkaSource)
-    reader = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("subscribe", ",".join(topics))
-        .option("maxOutOfOrderness", max_out_of_orderness)
-        .option("startingOffsets", starting_offsets)
+    given = stream_options(
+        bootstrap_servers=bootstrap_servers,
+        topics=topics,
+        topic_pattern=topic_pattern,
+        control_topic=control_topic,
+        max_out_of_orderness=max_out_of_orderness,
+        event_time_field=event_time_field,
+        starting_offsets=starting_offsets,
+        kafka_config=kafka_config,
+        watermark_delay=watermark_delay,
+        late_output=late_output,
+        late_rule=late_rule,
+        fail_on_data_loss=fail_on_data_loss,
+        max_event_time_ahead=max_event_time_ahead,
+        consumer_idle_timeout=consumer_idle_timeout,
     )
-    if control_topic is not None:
-        reader = reader.option("controlTopic", control_topic)
-    if event_time_field is not None:
-        reader = reader.option("eventTimeField", event_time_field)
-    if watermark_delay is not None:
-        reader = reader.option("watermarkDelay", watermark_delay)
-    for key, value in (kafka_config or {}).items():
-        reader = reader.option(f"kafka.{key}", value)
-    reader = reader.options(**(options or {}))
+    spark.dataSource.register(SlackwaterKafkaSource)
+    reader = spark.readStream.format(SOURCE_NAME).options(**given).options(**(options or {}))
     return with_valve_watermark(reader.options(**task_options(spark)).load())
+
+
+def stream_options(
+    *,
+    bootstrap_servers: str,
+    topics: Sequence[str] | None = None,
+    topic_pattern: str | None = None,
+    control_topic: str | None = None,
+    max_out_of_orderness: str = "0s",
+    event_time_field: str | None = None,
+    starting_offsets: str = "earliest",
+    kafka_config: Mapping[str, str] | None = None,
+    watermark_delay: str | None = None,
+    late_output: str | None = None,
+    late_rule: str | None = None,
+    fail_on_data_loss: bool | None = None,
+    max_event_time_ahead: str | None = None,
+    consumer_idle_timeout: str | None = None,
+) -> dict[str, str]:
+    """``read_stream``'s keywords as the source's options, by their names; None leaves
+    an option out (its default)."""
+    given = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "maxOutOfOrderness": max_out_of_orderness,
+        "startingOffsets": starting_offsets,
+    }
+    optional = {
+        "subscribe": None if topics is None else ",".join(topics),
+        "subscribePattern": topic_pattern,
+        "controlTopic": control_topic,
+        "eventTimeField": event_time_field,
+        "watermarkDelay": watermark_delay,
+        "lateOutput": late_output,
+        "lateRule": late_rule,
+        "failOnDataLoss": None if fail_on_data_loss is None else str(fail_on_data_loss).lower(),
+        "maxEventTimeAhead": max_event_time_ahead,
+        "consumerIdleTimeout": consumer_idle_timeout,
+    }
+    given.update({name: value for name, value in optional.items() if value is not None})
+    given.update({f"kafka.{key}": value for key, value in (kafka_config or {}).items()})
+    return given
 
 
 def task_options(spark: SparkSession) -> dict[str, str]:
