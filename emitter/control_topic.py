@@ -49,14 +49,10 @@ def ensure_control_topic(admin: AdminClient, name: str, timeout_s: float) -> boo
     topic = NewTopic(
         name, num_partitions=1, replication_factor=-1, config={"cleanup.policy": "compact"}
     )
-    future = admin.create_topics([topic], request_timeout=timeout_s)[name]
     try:
-        future.result(timeout=timeout_s)
+        return kafka_clients.create_topic(admin, topic, timeout_s)
     except KafkaException as error:
-        if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
         raise ControlTopicError(f"cannot create control topic {name!r}: {error}") from error
-    return True
 
 
 def _warn_unless_compacted(admin: AdminClient, name: str, timeout_s: float) -> None:

@@ -1,7 +1,9 @@
 """Every confluent-kafka client of slackwater is made here, one way: the user's Kafka
 settings (``kafka_config``: security, timeouts), then librdkafka's logging routed through
 Python logging under the client's name (kafka_logging), then the bootstrap servers, then
-what the client's job needs, which the user cannot override by accident."""
+what the client's job needs, which the user cannot override by accident. (The Spark
+source's readers keep their clients across tasks, pooled by these settings: they are
+made from ``client_settings`` too, in spark_consumer/source/reader_clients.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater.kafka_logging import client_logging
 
@@ -115,3 +117,16 @@ def asked_by_name(
         except KafkaException as error:
             answers[name] = error.args[0]
     return answers
+
+
+def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
+    """Creates ``topic``; True if this call made it, False if it existed already (made
+    by another client since we looked). Any other failure raises KafkaException."""
+    future = admin.create_topics([topic], request_timeout=timeout_s)[topic.topic]
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as error:
+        if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    return True

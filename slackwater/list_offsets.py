@@ -121,3 +121,28 @@ def _error(answer: Any) -> Any:
     if isinstance(answer, KafkaError):
         return answer
     return int(answer.offset)  # a subclass of ListOffsetsResultInfo, should one appear
+
+
+# ListOffsets errors Kafka's protocol marks retriable (a RetriableException in the Java
+# client) that librdkafka's admin result does not flag ``retriable()``: what a partition
+# answers while it is being created or its leader moves.
+_RETRIABLE_NAMES = (
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "UNKNOWN_TOPIC_OR_PART",
+    "REPLICA_NOT_AVAILABLE",
+    "OFFSET_NOT_AVAILABLE",
+    "FENCED_LEADER_EPOCH",
+    "UNKNOWN_LEADER_EPOCH",
+    "NOT_ENOUGH_REPLICAS",
+    "KAFKA_STORAGE_ERROR",
+    "REQUEST_TIMED_OUT",
+)
+RETRIABLE_ERRORS = frozenset(
+    getattr(KafkaError, n) for n in _RETRIABLE_NAMES if hasattr(KafkaError, n)
+)
+
+
+def retriable(error: KafkaError) -> bool:
+    """Whether a partition's ListOffsets answer may be another next time."""
+    return bool(error.retriable()) or error.code() in RETRIABLE_ERRORS

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 )
 
 from slackwater import kafka_clients, kafka_logging
+from slackwater.markers import partition_key
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
 from spark_consumer.source.late_rows import LATE_ONLY, LateRule
@@ -67,29 +68,6 @@ KAFKA_SCHEMA = StructType(
     ]
 )
 
-KAFKA_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestampType", pa.int32()),
-        pa.field(
-            "headers",
-            pa.list_(
-                pa.struct(
-                    [
-                        pa.field("key", pa.string()),
-                        pa.field("value", pa.binary()),
-                    ]
-                )
-            ),
-        ),
-    ]
-)
-
 SCHEMA = StructType(
     [
         *KAFKA_SCHEMA.fields,
@@ -97,9 +75,9 @@ SCHEMA = StructType(
         StructField(LATE, BooleanType()),
     ]
 )
-ARROW_SCHEMA = KAFKA_ARROW_SCHEMA.append(pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC"))).append(
-    pa.field(LATE, pa.bool_())
-)
+# The same columns as the readers' Arrow batches carry them: Spark's own conversion,
+# so the two schemas cannot disagree.
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 
 # Consumer settings that a producer (the readers' progress records) must not get.
 _CONSUMER_ONLY = (
@@ -115,30 +93,6 @@ _CONSUMER_ONLY = (
     "queued.",
     "check.crcs",
 )
-
-
-def _retriable_offset_errors() -> frozenset[int]:
-    """ListOffsets errors Kafka's protocol marks retriable (a RetriableException in the
-    Java client) that librdkafka's admin result does not flag ``retriable()``: what a
-    partition answers while it is being created or its leader moves."""
-    from confluent_kafka import KafkaError
-
-    names = (
-        "NOT_LEADER_FOR_PARTITION",
-        "LEADER_NOT_AVAILABLE",
-        "UNKNOWN_TOPIC_OR_PART",
-        "REPLICA_NOT_AVAILABLE",
-        "OFFSET_NOT_AVAILABLE",
-        "FENCED_LEADER_EPOCH",
-        "UNKNOWN_LEADER_EPOCH",
-        "NOT_ENOUGH_REPLICAS",
-        "KAFKA_STORAGE_ERROR",
-        "REQUEST_TIMED_OUT",
-    )
-    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
-
-
-RETRIABLE_OFFSET_ERRORS = _retriable_offset_errors()
 
 
 class SourceError(RuntimeError):
@@ -265,10 +219,11 @@ class SourceOptions:
         the planned form of MAX_WATERMARK, after which every window has ended."""
         return MAX_EVENT_TIME_MS - self.watermark_delay_ms
 
-    def client_config(self, name: str = SOURCE_CLIENT) -> dict[str, Any]:
-        """A client's settings; ``name`` keys its logger and the failed authentication
-        librdkafka reports for it (kafka_logging)."""
-        return kafka_clients.client_settings(name, self.bootstrap_servers, self.kafka_config)
+    def client_config(self) -> dict[str, Any]:
+        """The readers' clients' settings (reader_clients pools them by these)."""
+        return kafka_clients.client_settings(
+            SOURCE_CLIENT, self.bootstrap_servers, self.kafka_config
+        )
 
     def producer_config(self) -> dict[str, Any]:
         return {
@@ -347,5 +302,6 @@ def _production_options(lowered: dict[str, str]) -> dict[str, Any]:
 
 
 def channel(topic: str, partition: int | str) -> str:
-    """A valve channel: one partition of one subscribed topic."""
-    return f"{topic}:{partition}"
+    """A valve channel: one partition of one subscribed topic, named as the control
+    topic's keys name it."""
+    return partition_key(topic, int(partition))

@@ -38,7 +38,6 @@ from spark_consumer.source.offset import (
 )
 from spark_consumer.source.options import (
     MAX_HELD_MARKERS,
-    RETRIABLE_OFFSET_ERRORS,
     SOURCE_CLIENT,
     SourceError,
     SourceOptions,
@@ -121,28 +120,22 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def _admin_client(self) -> Any:
         if self._admin is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin = AdminClient(
-                {
-                    **self.options.client_config(self._client_name),
-                    **kafka_clients.NEVER_CREATE_TOPICS,
-                }
+            self._admin = kafka_clients.admin_client(
+                self._client_name, self.options.bootstrap_servers, self.options.kafka_config
             )
         return self._admin
 
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
-        return Consumer(
+        return kafka_clients.consumer(
+            self._client_name,
+            self.options.bootstrap_servers,
+            self.options.kafka_config,
             {
-                **self.options.client_config(self._client_name),
-                **kafka_clients.NEVER_CREATE_TOPICS,
                 "group.id": PLANNER_GROUP,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
-            }
+            },
         )
 
     def _partition_counts(self) -> dict[str, int]:
@@ -226,7 +219,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         not_ready: dict[tuple[str, int], str] = {}
         for (topic, partition), answer in answers.items():
             if isinstance(answer, KafkaError):
-                if not (answer.retriable() or answer.code() in RETRIABLE_OFFSET_ERRORS):
+                if not list_offsets.retriable(answer):
                     raise self.options.refused(answer, f"describe topic {topic}") or SourceError(
                         f"{spec_name} offset of {topic}[{partition}]: {answer}"
                     )
@@ -236,7 +229,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return offsets, not_ready
 
     def _ensure_progress_topic(self) -> None:
-        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import NewTopic
 
         name = self.options.progress_topic
@@ -249,17 +242,13 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             "cleanup.policy": "delete",
             "retention.ms": str(self.options.progress_retention_ms),
         }
-        future = admin.create_topics(
-            [NewTopic(name, num_partitions=1, replication_factor=-1, config=config)],
-            request_timeout=self.options.request_timeout_s,
-        )[name]
+        made = NewTopic(name, num_partitions=1, replication_factor=-1, config=config)
         try:
-            future.result(timeout=self.options.request_timeout_s)
+            kafka_clients.create_topic(admin, made, self.options.request_timeout_s)
         except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise self.options.refused(
-                    error.args[0], f"create progress topic {name}"
-                ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
+            raise self.options.refused(
+                error.args[0], f"create progress topic {name}"
+            ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
 
     def _topic_ends(self, topic: str) -> dict[str, int]:
         """The log end of every partition of a topic; empty if the topic does not exist.

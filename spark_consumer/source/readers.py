@@ -570,19 +570,20 @@ class _Builder:
         return result
 
     def flush(self) -> pa.RecordBatch:
+        columns = (
+            self.keys,
+            self.values,
+            self.topics,
+            self.partitions,
+            self.offsets,
+            self.timestamps,
+            self.timestamp_types,
+            self.headers,
+            self.event_times,
+            self.lates,
+        )  # in the schema's order, each typed by it
         batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array(self.topics, pa.string()),
-                pa.array(self.partitions, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-                pa.array(self.timestamp_types, pa.int32()),
-                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
-                pa.array(self.event_times, pa.timestamp("us", tz="UTC")),
-                pa.array(self.lates, pa.bool_()),
-            ],
+            [pa.array(values, f.type) for values, f in zip(columns, ARROW_SCHEMA, strict=True)],
             schema=ARROW_SCHEMA,
         )
         self._reset()
