@@ -154,11 +154,7 @@ class Detector:
         """Continues from the last marker of every partition (read back from the control topic)."""
         for marker in markers:
             key = (marker.topic, marker.partition)
-            state = self._state(key)
-            state.status = marker.status
-            state.seq = marker.seq + 1
-            state.last_marker = marker
-            state.idle_offset = marker.offset if marker.status is MarkerStatus.IDLE else None
+            state = self._adopt(marker)
             # Until the first poll, the marker's offset is the log end we know of.
             if marker.status is not MarkerStatus.ACTIVE:
                 state.log_end_offset = state.max_log_end_offset = marker.offset
@@ -359,21 +355,25 @@ class Detector:
         for key in [k for k in self.held if k[0] == topic and k[1] < partition_count]:
             self.partitions.setdefault(key, self.held.pop(key))
 
-    def published(self, marker: Marker) -> None:
-        """The broker acknowledged this marker: from now on it is the partition's status."""
-        key = (marker.topic, marker.partition)
-        state = self._state(key)
+    def _adopt(self, marker: Marker) -> PartitionState:
+        """A marker becomes its partition's status, whether the broker just acknowledged
+        it (published) or the control topic held it at a start (restore)."""
+        state = self._state((marker.topic, marker.partition))
         state.status = marker.status
         state.seq = marker.seq + 1
         state.last_marker = marker
-        if marker.status is MarkerStatus.IDLE:
-            state.idle_offset = marker.offset
-        elif marker.status is MarkerStatus.ACTIVE:
-            state.idle_offset = None
+        # Only an IDLE partition has an idle offset: the ACTIVE that ends it aligns there.
+        state.idle_offset = marker.offset if marker.status is MarkerStatus.IDLE else None
+        return state
+
+    def published(self, marker: Marker) -> None:
+        """The broker acknowledged this marker: from now on it is the partition's status."""
+        state = self._adopt(marker)
+        if marker.status is MarkerStatus.ACTIVE:
             # The still time starts again from here; the clock keeps running.
             state.still_closed_s = 0.0
             if state.run_started_s is not None:
                 state.run_started_s = self._clock.now_s
-        else:
+        elif marker.status is MarkerStatus.FINISHED:
             state.finish_requested = False
             state.still_closed_s, state.run_started_s = state.still_s, None  # clock stops

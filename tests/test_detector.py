@@ -425,3 +425,31 @@ def test_every_poll_proposes_exactly_what_the_rules_say(
                 still[p] = 0  # a new ACTIVE period starts still from zero
             else:
                 finish_asked.discard(p)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([ACTIVE, IDLE, FINISHED]), st.integers(0, 1_000)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_marker_published_or_restored_leaves_the_same_status_seq_and_idle_offset(
+    history: list[tuple[MarkerStatus, int]],
+) -> None:
+    """restore (at a start) and published (after the broker's ack) adopt a marker alike:
+    a partition that is not IDLE keeps no idle offset (FINISHED after IDLE included)."""
+    published, restored = Detector(idle_timeout_s=5), Detector(idle_timeout_s=5)
+    for seq, (status, offset) in enumerate(history):
+        published.published(marker(0, status, offset, seq=seq))
+    status, offset = history[-1]
+    restored.restore([marker(0, status, offset, seq=len(history) - 1)])
+    last = published.partitions[(T, 0)]
+    again = restored.partitions[(T, 0)]
+    assert (last.status, last.seq, last.last_marker, last.idle_offset) == (
+        again.status,
+        again.seq,
+        again.last_marker,
+        again.idle_offset,
+    )
+    assert last.idle_offset == (offset if status is IDLE else None)
