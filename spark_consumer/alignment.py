@@ -44,7 +44,7 @@ class MarkerOutcome(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     AFTER_FINISHED = "after_finished"
     OTHER_TOPIC = "other_topic"
-    # FINISHED again after FINISHED: the same end, not a violation (DESIGN §3 names
+    # FINISHED again after FINISHED: the same end, not a violation (semantics.md §3 names
     # ACTIVE/IDLE after FINISHED), e.g. the emitter's FINISHED@log_end for a topic the
     # source already saw deleted. Not counted.
     ALREADY_FINISHED = "already_finished"

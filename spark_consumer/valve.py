@@ -2,7 +2,7 @@
 watermarks and statuses into one output, plus the FINISHED status of
 FLINK-38477.
 
-Channels are data partitions. The rules are DESIGN §5; each is restated in a
+Channels are data partitions. The rules are semantics.md §5; each is restated in a
 comment at the line that implements it. This module imports nothing from
 Spark so that the rules can be tested on their own.
 
@@ -12,7 +12,7 @@ Python's C-implemented ``heapq``: a heap entry holds a *lower bound* of its
 channel's watermark, not the exact value. Channel watermarks only grow, so a
 bound stays a bound; a watermark input only updates the channel, and the
 heap top is refreshed (``heapreplace``) when it is looked at and found stale.
-Every input re-derives the min (DESIGN §5, as Flink master after FLINK-40475):
+Every input re-derives the min (semantics.md §5, as Flink master after FLINK-40475):
 a look at the heap top, O(1) when it is fresh, plus at most one O(log n)
 refresh per stale entry, each paid for by an earlier watermark input.
 
@@ -282,7 +282,7 @@ class StatusWatermarkValve:
         return emitted + self._rederive_min()
 
     def _rederive_min(self) -> list[Emitted]:
-        """DESIGN §5's "re-derive the min": the min over aligned ACTIVE channels, if greater.
+        """semantics.md §5's "re-derive the min": the min over aligned ACTIVE channels, if greater.
 
         Keeps the invariant: whenever some channel is aligned and ACTIVE, the output
         watermark equals that minimum (aligned channels never sit below the output).

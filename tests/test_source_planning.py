@@ -12,7 +12,7 @@ from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.source.offset import SourceOffset, ranges
 from spark_consumer.source.planner import (
-    _BrokerNow,
+    _BrokerView,
     _nothing_new_since,
     _partition_batches,
     _rate_limit,
@@ -37,11 +37,11 @@ def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = Non
     )
 
 
-def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> _BrokerNow:
+def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> _BrokerView:
     counts: dict[str, int] = {}
     for topic, partition in latest:
         counts[topic] = max(counts.get(topic, 0), partition + 1)
-    return _BrokerNow(counts, frozenset(counts), latest, control or {})
+    return _BrokerView(counts, frozenset(counts), latest, control or {})
 
 
 def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
@@ -88,7 +88,7 @@ def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
     assert not _nothing_new_since(start, _now({}, {"0": 2}))
     # A partition whose log end is not known now stands still.
     assert _nothing_new_since(
-        start, _BrokerNow({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2})
+        start, _BrokerView({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2})
     )
     # A range of the last batch still to account for.
     assert not _nothing_new_since(

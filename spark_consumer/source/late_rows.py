@@ -4,7 +4,7 @@ A window aggregation drops a row whose windows have all ended by the watermark S
 judges the row's batch's late input by (Spark's rule: a window is over when its end <=
 that watermark; for a session window, the row's own session [t, t + gap) is what is
 checked on arrival). The reader knows both the row's event time and that watermark
-(``source.late_events_watermark``), so it can tell, and write the row aside with its
+(``splits.late_events_watermark``), so it can tell, and write the row aside with its
 reason, without a second read of the topic.
 
 Exactly once by construction: one file per source range, named by the range; a task

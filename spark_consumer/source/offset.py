@@ -91,7 +91,7 @@ class SourceOffset:
     progress_wait_ms: int = 0
     # Markers (JSON) for partitions the broker does not list yet.
     held: list[dict[str, Any]] = field(default_factory=list)
-    # How many tasks the batch's ranges are grouped into (source_partitions.group_ranges),
+    # How many tasks the batch's ranges are grouped into (splits.group_ranges),
     # fixed when it is planned: a replay and the next plan make the same tasks whatever the
     # options are then. None (version 1): one task per range.
     tasks: int | None = None

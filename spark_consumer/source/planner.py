@@ -307,7 +307,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         start = self._decoded(start_json)
         try:
-            now = self._look(start.data.keys())
+            now = self._observe(start.data.keys())
         except KafkaException as error:
             self._unreachable(error)
             return start_json  # no batch while the broker is away; the query keeps running
@@ -380,7 +380,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         return offset.encode()
 
     def _follow_partitions(
-        self, plan: _Plan, now: _BrokerNow, batch: dict[Any, PartitionBatch]
+        self, plan: _Plan, now: _BrokerView, batch: dict[Any, PartitionBatch]
     ) -> None:
         """The plan's partitions made to match the broker's (semantics.md §6).
 
@@ -419,7 +419,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         plan.aligner.ensure_partitions(positions, positions)
         self._release_held(plan)
 
-    def _drop_vanished(self, plan: _Plan, now: _BrokerNow) -> None:
+    def _drop_vanished(self, plan: _Plan, now: _BrokerView) -> None:
         """Partitions the broker no longer lists leave the reading and count as FINISHED,
         what the emitter's FINISHED@log_end says of a deleted topic: a topic missing from
         the metadata, or partitions past a topic's count (re-created with fewer).
@@ -484,7 +484,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         )
 
-    def _offsets_went_back(self, plan: _Plan, now: _BrokerNow) -> list[tuple[str, int]]:
+    def _offsets_went_back(self, plan: _Plan, now: _BrokerView) -> list[tuple[str, int]]:
         """Partitions whose log end is below the read position; failOnDataLoss=true
         stops the query at the first."""
         went_back = [
@@ -526,7 +526,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._admin_client().poll(0)
         return kafka_logging.take_authentication_failure(self._client_name)
 
-    def _look(self, planned: Collection[str]) -> _BrokerNow:
+    def _observe(self, planned: Collection[str]) -> _BrokerView:
         """One metadata request and one ListOffsets round for the whole plan: the
         subscribed topics' partitions and log ends, and the control topic's ends."""
         metadata = self._admin_client().list_topics(timeout=self.options.request_timeout_s)
@@ -540,7 +540,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             ]
         latest = self._list_offsets(wanted, "latest")
         control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
-        return _BrokerNow(counts, frozenset(metadata.topics), latest, control_ends)
+        return _BrokerView(counts, frozenset(metadata.topics), latest, control_ends)
 
     def _restore(self, offset: SourceOffset) -> _Plan:
         last = self._last
@@ -580,7 +580,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             else None
         )
 
-    def _data_ends(self, plan: _Plan, limit: ReadLimit, now: _BrokerNow) -> Offsets:
+    def _data_ends(self, plan: _Plan, limit: ReadLimit, now: _BrokerView) -> Offsets:
         latest = now.latest
         ends: Offsets = {}
         for topic, partitions in plan.data.items():
@@ -1015,8 +1015,9 @@ class _GoneCheck:
 
 
 @dataclass(frozen=True)
-class _BrokerNow:
-    """What one plan saw of the broker (``SlackwaterStreamReader._look``)."""
+class _BrokerView:
+    """What one plan saw of the broker (``SlackwaterStreamReader._observe``), as the
+    emitter's BrokerView is what one poll saw."""
 
     counts: dict[str, int]  # partitions per subscribed topic (listed without an error)
     listed: frozenset[str]  # every topic the broker lists, with an error or not
@@ -1024,7 +1025,7 @@ class _BrokerNow:
     control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
 
 
-def _nothing_new_since(start: SourceOffset, now: _BrokerNow) -> bool:
+def _nothing_new_since(start: SourceOffset, now: _BrokerView) -> bool:
     """No range to account for, no new record on the data or control topics, no new
     partition: planning would return ``start``."""
     if start.data_from != start.data:
