@@ -23,18 +23,20 @@ ALLOWED = {
 }
 
 
-def our_imports(path: Path) -> set[str]:
-    """The top-level packages of ours that a module imports, anywhere in it."""
-    found = set()
+def imported(path: Path) -> set[str]:
+    """Every module a module imports, anywhere in it."""
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found |= {name.split(".")[0] for name in names} & set(PACKAGES)
+            found.add(node.module)
     return found
+
+
+def our_imports(path: Path) -> set[str]:
+    """The top-level packages of ours that a module imports, anywhere in it."""
+    return {name.split(".")[0] for name in imported(path)} & set(PACKAGES)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -86,16 +88,7 @@ def _room(module: str) -> str | None:
 
 
 def _rooms_imported(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found |= {room for name in names if (room := _room(name)) is not None}
-    return found
+    return {room for name in imported(path) if (room := _room(name)) is not None}
 
 
 @pytest.mark.parametrize("room", ROOMS)
@@ -133,10 +126,5 @@ def test_the_source_has_one_face_and_jobs_use_only_it() -> None:
         "with_valve_watermark",
     ]
     for path in sorted((ROOT / "examples").glob("*.py")):
-        deeper = [
-            node.module
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom)
-            and (node.module or "").startswith("spark_consumer.source.")
-        ]
+        deeper = sorted(m for m in imported(path) if m.startswith("spark_consumer.source."))
         assert not deeper, f"{path.name} imports {deeper}"

@@ -294,6 +294,33 @@ def _markers(node: KafkaBroker, topics: Topics, user: str) -> list[Marker]:
         reader.close()
 
 
+def _statuses(node: KafkaBroker, topics: Topics, user: str) -> list[tuple[int, MarkerStatus]]:
+    """Each marker's partition and status, in partition order, as ``user`` reads them."""
+    return sorted((m.partition, m.status) for m in _markers(node, topics, user))
+
+
+def _wait_for_idle_markers(node: KafkaBroker, topics: Topics, user: str) -> None:
+    wait_until(
+        lambda: _statuses(node, topics, user) == [(0, IDLE), (1, IDLE)],
+        DEADLINE_S,
+        f"IDLE markers on both partitions, read as {user}",
+    )
+
+
+def _rights(
+    topics: Topics, principal: str, name: str, operations: set[AclOperation] | None = None
+) -> list[AclBinding]:
+    """docs/deploy.md's bindings of ``principal`` on the resource ``name`` (its example
+    name: this test's topics stand for it), those of ``operations`` if given."""
+    return [
+        b
+        for b in acls_of_deploy_md(topics)
+        if b.principal == principal
+        and b.name == topics.renamed(name)
+        and (operations is None or b.operation in operations)
+    ]
+
+
 def test_the_acls_of_deploy_md_are_kafka_acls() -> None:
     bindings = acls_of_deploy_md()
     writers = {
@@ -319,14 +346,7 @@ def test_only_the_emitter_and_operators_write_markers_and_every_job_reads_them(
     try:
         # The emitter made the control topic and published with its own rights; a job's
         # principal reads what it published.
-        wait_until(
-            lambda: (
-                sorted((m.partition, m.status) for m in _markers(secured, topics, "orders-job"))
-                == [(0, IDLE), (1, IDLE)]
-            ),
-            DEADLINE_S,
-            "IDLE markers read by the job's principal",
-        )
+        _wait_for_idle_markers(secured, topics, "orders-job")
         # A job's principal forges a well-formed FINISHED: the broker refuses it.
         forged = Marker(
             topic=topics.data,
@@ -394,22 +414,9 @@ def test_an_emitter_refused_a_topic_it_watched_publishes_nothing_for_it_and_says
         kafka_config=credentials("slackwater-emitter"),
     )
     admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
-    describe = [
-        b
-        for b in acls_of_deploy_md(topics)
-        if b.principal == "User:slackwater-emitter"
-        and b.name == topics.data
-        and b.operation == AclOperation.DESCRIBE
-    ]
+    describe = _rights(topics, "User:slackwater-emitter", DATA, {AclOperation.DESCRIBE})
     try:
-        wait_until(
-            lambda: (
-                sorted((m.partition, m.status) for m in _markers(secured, topics, "admin"))
-                == [(0, IDLE), (1, IDLE)]
-            ),
-            DEADLINE_S,
-            "IDLE markers",
-        )
+        _wait_for_idle_markers(secured, topics, "admin")
         _change_acls(admin, False, describe)
         # Twice the polls after which a topic not listed any more counts as deleted.
         after_polls(running, 2 * running.emitter.config.deleted_topic_polls + 2)
@@ -417,10 +424,8 @@ def test_an_emitter_refused_a_topic_it_watched_publishes_nothing_for_it_and_says
             f"not authorized as 'slackwater-emitter' to describe topic {topics.data}: "
             "Broker: Topic authorization failed"
         )
-        assert sorted((m.partition, m.status) for m in _markers(secured, topics, "admin")) == [
-            (0, IDLE),
-            (1, IDLE),
-        ]  # no FINISHED for the topic it may no longer see
+        # No FINISHED for the topic it may no longer see.
+        assert _statuses(secured, topics, "admin") == [(0, IDLE), (1, IDLE)]
         assert refused in caplog.text
         assert (running.metric("slackwater_emitter_poll_errors_total", request="metadata") or 0) > 0
         # The right given back: the emitter follows the topic again.
@@ -451,14 +456,7 @@ def test_the_emitter_status_and_the_source_work_over_sasl_ssl_with_a_keytool_cer
         kafka_config=tls_credentials("slackwater-emitter", certificates.broker),
     )
     try:
-        wait_until(
-            lambda: (
-                sorted((m.partition, m.status) for m in _markers(secured, topics, "admin"))
-                == [(0, IDLE), (1, IDLE)]
-            ),
-            DEADLINE_S,
-            "IDLE markers published over TLS",
-        )
+        _wait_for_idle_markers(secured, topics, "admin")  # published over TLS
     finally:
         running.stop()
     as_job = tls_credentials("orders-job", certificates.broker)
@@ -651,13 +649,7 @@ def test_consume_without_the_right_to_read_the_data_topic_exits_non_zero_in_one_
     secured: KafkaBroker, topics: Topics, tmp_path: Path
 ) -> None:
     admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
-    read_data = [
-        b
-        for b in acls_of_deploy_md(topics)
-        if b.principal == "User:orders-job"
-        and b.name == topics.data
-        and b.operation == AclOperation.READ
-    ]
+    read_data = _rights(topics, "User:orders-job", DATA, {AclOperation.READ})
     _change_acls(admin, False, read_data)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
@@ -711,13 +703,7 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
 ) -> None:
     name, operations, action = MISSING_RIGHTS[missing]
     admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
-    taken = [
-        b
-        for b in acls_of_deploy_md(topics)
-        if b.principal == "User:orders-job"
-        and b.name == topics.renamed(name)
-        and b.operation in operations
-    ]
+    taken = _rights(topics, "User:orders-job", name, operations)
     assert taken
     _change_acls(admin, False, taken)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
@@ -757,11 +743,7 @@ def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_
     topic the query has not read yet may be one whose ACL comes with it, and is waited
     for (loudly); one it has read ends the query."""
     admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
-    data_rights = [
-        b
-        for b in acls_of_deploy_md(topics)
-        if b.principal == "User:orders-job" and b.name == topics.data
-    ]
+    data_rights = _rights(topics, "User:orders-job", DATA)
     _change_acls(admin, False, data_rights)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
