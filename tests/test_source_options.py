@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
 from spark_consumer.source.late_rows import LATE_ONLY, LateRule
@@ -118,3 +121,17 @@ def test_every_keyword_of_read_stream_is_the_source_option_it_names() -> None:
     # None leaves an option to its default.
     defaults = SourceOptions.parse(stream_options(bootstrap_servers="b", topics=["t"]))
     assert defaults.fail_on_data_loss is True and defaults.control_topic is None
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"bootstrap_servers": "b", "topic": ["t"]}, "unknown keyword(s) topic"),
+        ({"topics": ["t"]}, "no bootstrap_servers"),
+    ],
+)
+def test_read_streams_keywords_are_checked_as_a_functions_are(
+    keywords: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=re.escape(f"read_stream(): {message}")):
+        stream_options(**keywords)

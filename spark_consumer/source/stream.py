@@ -26,6 +26,7 @@ batch N's watermark from batch N+1 on:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Required, TypedDict, Unpack
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -92,93 +93,76 @@ def with_valve_watermark(frame: DataFrame) -> DataFrame:
     return frame.withWatermark(EVENT_TIME, f"{int(delay_ms)} milliseconds").filter(_not_synthetic())
 
 
+class StreamKeywords(TypedDict, total=False):
+    """``read_stream``'s keywords, each one of the source's options (docs/source.md);
+    one left out, or None, leaves its option at the default."""
+
+    bootstrap_servers: Required[str]  # kafka.bootstrap.servers
+    topics: Sequence[str] | None  # subscribe
+    topic_pattern: str | None  # subscribePattern
+    control_topic: str | None  # controlTopic
+    max_out_of_orderness: str  # maxOutOfOrderness, "0s" by default
+    event_time_field: str | None  # eventTimeField
+    starting_offsets: str  # startingOffsets, "earliest" by default
+    kafka_config: Mapping[str, str] | None  # kafka.*
+    watermark_delay: str | None  # watermarkDelay
+    late_output: str | None  # lateOutput
+    late_rule: str | None  # lateRule
+    fail_on_data_loss: bool | None  # failOnDataLoss
+    max_event_time_ahead: str | None  # maxEventTimeAhead
+    consumer_idle_timeout: str | None  # consumerIdleTimeout
+
+
 def read_stream(
     spark: SparkSession,
     *,
-    bootstrap_servers: str,
-    topics: Sequence[str] | None = None,
-    topic_pattern: str | None = None,
-    control_topic: str | None,
-    max_out_of_orderness: str = "0s",
-    event_time_field: str | None = None,
-    starting_offsets: str = "earliest",
-    kafka_config: Mapping[str, str] | None = None,
-    watermark_delay: str | None = None,
-    late_output: str | None = None,
-    late_rule: str | None = None,
-    fail_on_data_loss: bool | None = None,
-    max_event_time_ahead: str | None = None,
-    consumer_idle_timeout: str | None = None,
     options: Mapping[str, str] | None = None,
+    **keywords: Unpack[StreamKeywords],
 ) -> DataFrame:
     """The source with its watermark applied: what a job reads (semantics.md §6). Each
-    keyword is one of the source's options (``stream_options``, docs/source.md);
-    ``options`` are any others by name, e.g. ``{"readTimeoutMs": "300000"}``. None
-    leaves an option at its default.
+    keyword is one of the source's options (``StreamKeywords``, docs/source.md);
+    ``options`` are any others by name, e.g. ``{"readTimeoutMs": "300000"}``.
 
     ``watermark_delay`` (e.g. ``"1h"``) is for ``dropDuplicatesWithinWatermark``, whose
     state lives for the delay: Spark's watermark then becomes max(V, newest - delay),
     the valve's only while no partition lags the newest record by more than the delay.
     """
-    given = stream_options(
-        bootstrap_servers=bootstrap_servers,
-        topics=topics,
-        topic_pattern=topic_pattern,
-        control_topic=control_topic,
-        max_out_of_orderness=max_out_of_orderness,
-        event_time_field=event_time_field,
-        starting_offsets=starting_offsets,
-        kafka_config=kafka_config,
-        watermark_delay=watermark_delay,
-        late_output=late_output,
-        late_rule=late_rule,
-        fail_on_data_loss=fail_on_data_loss,
-        max_event_time_ahead=max_event_time_ahead,
-        consumer_idle_timeout=consumer_idle_timeout,
-    )
     spark.dataSource.register(SlackwaterKafkaSource)
-    reader = spark.readStream.format(SOURCE_NAME).options(**given).options(**(options or {}))
+    reader = spark.readStream.format(SOURCE_NAME).options(**stream_options(**keywords))
+    reader = reader.options(**(options or {}))
     return with_valve_watermark(reader.options(**task_options(spark)).load())
 
 
-def stream_options(
-    *,
-    bootstrap_servers: str,
-    topics: Sequence[str] | None = None,
-    topic_pattern: str | None = None,
-    control_topic: str | None = None,
-    max_out_of_orderness: str = "0s",
-    event_time_field: str | None = None,
-    starting_offsets: str = "earliest",
-    kafka_config: Mapping[str, str] | None = None,
-    watermark_delay: str | None = None,
-    late_output: str | None = None,
-    late_rule: str | None = None,
-    fail_on_data_loss: bool | None = None,
-    max_event_time_ahead: str | None = None,
-    consumer_idle_timeout: str | None = None,
-) -> dict[str, str]:
-    """``read_stream``'s keywords as the source's options, by their names; None leaves
-    an option out (its default)."""
+def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
+    """``read_stream``'s keywords as the source's options, by their names (a keyword it
+    does not know is an error, as for any Python function)."""
+    known = StreamKeywords.__required_keys__ | StreamKeywords.__optional_keys__
+    unknown = sorted(keywords.keys() - known)
+    if unknown or "bootstrap_servers" not in keywords:
+        wrong = f"unknown keyword(s) {', '.join(unknown)}" if unknown else "no bootstrap_servers"
+        raise TypeError(f"read_stream(): {wrong}")
     given = {
-        "kafka.bootstrap.servers": bootstrap_servers,
-        "maxOutOfOrderness": max_out_of_orderness,
-        "startingOffsets": starting_offsets,
+        "kafka.bootstrap.servers": keywords["bootstrap_servers"],
+        "maxOutOfOrderness": keywords.get("max_out_of_orderness") or "0s",
+        "startingOffsets": keywords.get("starting_offsets") or "earliest",
     }
+    topics = keywords.get("topics")
+    fail_on_data_loss = keywords.get("fail_on_data_loss")
     optional = {
         "subscribe": None if topics is None else ",".join(topics),
-        "subscribePattern": topic_pattern,
-        "controlTopic": control_topic,
-        "eventTimeField": event_time_field,
-        "watermarkDelay": watermark_delay,
-        "lateOutput": late_output,
-        "lateRule": late_rule,
+        "subscribePattern": keywords.get("topic_pattern"),
+        "controlTopic": keywords.get("control_topic"),
+        "eventTimeField": keywords.get("event_time_field"),
+        "watermarkDelay": keywords.get("watermark_delay"),
+        "lateOutput": keywords.get("late_output"),
+        "lateRule": keywords.get("late_rule"),
         "failOnDataLoss": None if fail_on_data_loss is None else str(fail_on_data_loss).lower(),
-        "maxEventTimeAhead": max_event_time_ahead,
-        "consumerIdleTimeout": consumer_idle_timeout,
+        "maxEventTimeAhead": keywords.get("max_event_time_ahead"),
+        "consumerIdleTimeout": keywords.get("consumer_idle_timeout"),
     }
     given.update({name: value for name, value in optional.items() if value is not None})
-    given.update({f"kafka.{key}": value for key, value in (kafka_config or {}).items()})
+    kafka_config = keywords.get("kafka_config") or {}
+    given.update({f"kafka.{key}": value for key, value in kafka_config.items()})
     return given
 
 
