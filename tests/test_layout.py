@@ -121,10 +121,35 @@ def test_the_source_has_one_face_and_jobs_use_only_it() -> None:
         "SOURCE_NAME",
         "SlackwaterKafkaSource",
         "SourceError",
+        "StreamKeywords",
         "read_stream",
         "serve_source_metrics",
+        "stream_options",
         "with_valve_watermark",
     ]
+    assert source.serve_source_metrics.__module__ == "spark_consumer.source.metrics"
     for path in sorted((ROOT / "examples").glob("*.py")):
         deeper = sorted(m for m in imported(path) if m.startswith("spark_consumer.source."))
         assert not deeper, f"{path.name} imports {deeper}"
+
+
+def test_a_spark_worker_reading_a_task_loads_no_metrics_server() -> None:
+    """A Python worker unpickles the source's splits and runs its readers: the face's
+    metrics server (prometheus_client, HTTP) is loaded only by whoever asks for it."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, spark_consumer.source.splits, spark_consumer.source.readers; "
+            "print(sorted(m for m in ('prometheus_client', 'slackwater.http_server') "
+            "if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    assert loaded.stdout.strip() == "[]"

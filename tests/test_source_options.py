@@ -135,3 +135,9 @@ def test_read_streams_keywords_are_checked_as_a_functions_are(
 ) -> None:
     with pytest.raises(TypeError, match=re.escape(f"read_stream(): {message}")):
         stream_options(**keywords)
+
+
+def test_an_empty_keyword_is_given_to_the_source_to_judge_not_taken_as_its_default() -> None:
+    given = stream_options(bootstrap_servers="b", topics=["t"], max_out_of_orderness="")
+    with pytest.raises(SourceError, match="maxOutOfOrderness"):
+        SourceOptions.parse(given)

@@ -26,8 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_consumer.consume.config import ConsumerConfig
-from spark_consumer.source import read_stream
-from spark_consumer.source.stream import stream_options
+from spark_consumer.source import read_stream, stream_options
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,39 @@ Inside, one file per job: ``stream`` (the DataSource and ``read_stream``), ``opt
 application on top.
 """
 
-from spark_consumer.source.metrics import serve_source_metrics
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from spark_consumer.source.options import SOURCE_NAME, SourceError
-from spark_consumer.source.stream import SlackwaterKafkaSource, read_stream, with_valve_watermark
+from spark_consumer.source.stream import (
+    SlackwaterKafkaSource,
+    StreamKeywords,
+    read_stream,
+    stream_options,
+    with_valve_watermark,
+)
+
+if TYPE_CHECKING:
+    from spark_consumer.source.metrics import serve_source_metrics
 
 __all__ = [
     "SOURCE_NAME",
     "SlackwaterKafkaSource",
     "SourceError",
+    "StreamKeywords",
     "read_stream",
     "serve_source_metrics",
+    "stream_options",
     "with_valve_watermark",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``serve_source_metrics`` on first use: a Spark Python worker, which imports this
+    package to read a task, needs neither prometheus_client nor an HTTP server."""
+    if name == "serve_source_metrics":
+        from spark_consumer.source.metrics import serve_source_metrics
+
+        return serve_source_metrics
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -136,15 +136,15 @@ def read_stream(
 def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
     """``read_stream``'s keywords as the source's options, by their names (a keyword it
     does not know is an error, as for any Python function)."""
-    known = StreamKeywords.__required_keys__ | StreamKeywords.__optional_keys__
+    known = StreamKeywords.__annotations__.keys()
     unknown = sorted(keywords.keys() - known)
     if unknown or "bootstrap_servers" not in keywords:
         wrong = f"unknown keyword(s) {', '.join(unknown)}" if unknown else "no bootstrap_servers"
         raise TypeError(f"read_stream(): {wrong}")
     given = {
         "kafka.bootstrap.servers": keywords["bootstrap_servers"],
-        "maxOutOfOrderness": keywords.get("max_out_of_orderness") or "0s",
-        "startingOffsets": keywords.get("starting_offsets") or "earliest",
+        "maxOutOfOrderness": _or_default(keywords.get("max_out_of_orderness"), "0s"),
+        "startingOffsets": _or_default(keywords.get("starting_offsets"), "earliest"),
     }
     topics = keywords.get("topics")
     fail_on_data_loss = keywords.get("fail_on_data_loss")
@@ -164,6 +164,12 @@ def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
     kafka_config = keywords.get("kafka_config") or {}
     given.update({f"kafka.{key}": value for key, value in kafka_config.items()})
     return given
+
+
+def _or_default(value: str | None, default: str) -> str:
+    """None is the default; anything else, an empty string too, goes to the source to
+    judge (which names the option it cannot read)."""
+    return default if value is None else value
 
 
 def task_options(spark: SparkSession) -> dict[str, str]:
