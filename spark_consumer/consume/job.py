@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_consumer.consume.config import ConsumerConfig
-from spark_consumer.source import read_stream, stream_options
+from spark_consumer.source import StreamKeywords, read_stream, stream_options
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def late_rule(config: ConsumerConfig) -> str:
     return f"window:{config.window_ms}:{slide}"
 
 
-def source_keywords(config: ConsumerConfig) -> dict[str, Any]:
+def source_keywords(config: ConsumerConfig) -> StreamKeywords:
     """``read_stream``'s keywords for this job's settings."""
     return {
         "bootstrap_servers": config.bootstrap_servers,

@@ -59,14 +59,14 @@ VANISHED_AFTER_S = 5.0
 _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
-# Repeats while the broker is away: one line per kind per 30 s.
 # The planner's consumers read by assignment and commit nothing; librdkafka still finds
 # this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
 PLANNER_GROUP = "slackwater-source-planner"
+# Repeats while the broker is away, or refuses a topic: one line per kind per 30 s.
 log_refused = once_per_interval(f"{__name__}.refused")
 log_unreachable = once_per_interval(f"{__name__}.connection")
 
-# ---------------------------------------------------------------------------- source
+# --------------------------------------------------------------------------- planner
 
 
 @dataclass
