@@ -23,10 +23,7 @@ def create_led(
     per_topic = min(partitions, MAX_PARTITIONS_PER_TOPIC)
     names = [f"{prefix}-{uuid.uuid4().hex[:8]}" for _ in range(partitions // per_topic)]
     for name in names:
-        admin.create_topics(
-            [NewTopic(name, num_partitions=per_topic, replication_factor=1)],
-            request_timeout=timeout_s,
-        )[name].result(timeout_s)
+        kafka_clients.create_topic(admin, NewTopic(name, per_topic, 1), timeout_s)
     deadline = time.monotonic() + timeout_s
     while not all(kafka_clients.all_partitions_led(admin, name, per_topic) for name in names):
         if time.monotonic() > deadline:

@@ -129,12 +129,22 @@ def tls_bootstrap(node: KafkaBroker) -> str:
     ]
 
 
-def cli_credentials(user: str, password: str | None = None) -> list[str]:
+def cli_config(settings: dict[str, str]) -> list[str]:
+    """Kafka client settings as a command's ``--kafka-config`` flags."""
     return [
         argument
-        for key, value in credentials(user, password).items()
+        for key, value in settings.items()
         for argument in ("--kafka-config", f"{key}={value}")
     ]
+
+
+def cli_credentials(user: str, password: str | None = None) -> list[str]:
+    return cli_config(credentials(user, password))
+
+
+def source_config(settings: dict[str, str]) -> dict[str, str]:
+    """Kafka client settings as the source's ``kafka.*`` options."""
+    return {f"kafka.{key}": value for key, value in settings.items()}
 
 
 @dataclass(frozen=True)
@@ -462,7 +472,7 @@ def test_the_emitter_status_and_the_source_work_over_sasl_ssl_with_a_keytool_cer
     as_job = tls_credentials("orders-job", certificates.broker)
     status = run_cli(
         "status", "--bootstrap-servers", bootstrap, "--control-topic", topics.control,
-        *(argument for k, v in as_job.items() for argument in ("--kafka-config", f"{k}={v}")),
+        *cli_config(as_job),
         timeout_s=120,
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
@@ -471,9 +481,7 @@ def test_the_emitter_status_and_the_source_work_over_sasl_ssl_with_a_keytool_cer
     }
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
-    given = options(
-        bootstrap, topics.data, topics.control, **{f"kafka.{k}": v for k, v in as_job.items()}
-    )
+    given = options(bootstrap, topics.data, topics.control, **source_config(as_job))
     driven = Driven.start(given)
     try:
         rows = driven.step()
@@ -490,16 +498,14 @@ def test_a_broker_certificate_the_client_cannot_verify_is_one_line(
 ) -> None:
     bootstrap = tls_bootstrap(secured)
     untrusting = tls_credentials("orders-job", certificates.other)
-    given = options(
-        bootstrap, topics.data, topics.control, **{f"kafka.{k}": v for k, v in untrusting.items()}
-    )
+    given = options(bootstrap, topics.data, topics.control, **source_config(untrusting))
     with pytest.raises(SourceError) as failed:
         Driven.start(given).stop()
     assert str(failed.value).startswith("TLS handshake failed: "), failed.value
     assert "certificate verify failed" in str(failed.value)
     status = run_cli(
         "status", "--bootstrap-servers", bootstrap, "--control-topic", topics.control,
-        *(argument for k, v in untrusting.items() for argument in ("--kafka-config", f"{k}={v}")),
+        *cli_config(untrusting),
         timeout_s=120,
     )  # fmt: skip
     line = _one_failure_line(status)
@@ -713,7 +719,7 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
         secured.bootstrap_servers,
         topics.data,
         topics.control,
-        **{f"kafka.{key}": value for key, value in credentials("orders-job").items()},
+        **source_config(credentials("orders-job")),
     )
     try:
         # The first plan, or the first batch's reading, ends with one line; never a wait
@@ -751,7 +757,7 @@ def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_
         secured.bootstrap_servers,
         topics.data,
         topics.control,
-        **{f"kafka.{key}": value for key, value in credentials("orders-job").items()},
+        **source_config(credentials("orders-job")),
     )
     refused = f"not authorized as 'orders-job' to describe topic {topics.data}: "
     driven = Driven.start(given)
