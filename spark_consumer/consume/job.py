@@ -228,7 +228,7 @@ def start_plain_spark(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     # Spark's Kafka source names its subscription as slackwater's does.
-    ours = stream_options(**source_keywords(config))
+    ours = source_options(config)
     reader = reader.options(**{k: ours[k] for k in ("subscribe", "subscribePattern") if k in ours})
     frame = reader.load()
     if config.event_time_field is not None:
