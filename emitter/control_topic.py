@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from slackwater import kafka_clients
+from slackwater.list_offsets import retriable
 from slackwater.markers import (
     ControlRecord,
     EpochClaim,
@@ -123,13 +124,10 @@ class ControlTopicReader:
 
     def read_to_end(self) -> ReadBack:
         """Everything up to the end of every partition as of now."""
-        ends: dict[int, int] = {}
-        for tp in self._partitions:
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=self._timeout_s)
-            ends[tp.partition] = high
+        deadline = time.monotonic() + max(30.0, self._timeout_s * 6)
+        ends = {tp.partition: self._log_end(tp, deadline) for tp in self._partitions}
         positions = dict.fromkeys(ends, 0)
         read = ReadBack()
-        deadline = time.monotonic() + max(30.0, self._timeout_s * 6)
         while any(positions[p] < ends[p] for p in ends):
             if time.monotonic() > deadline:
                 raise ControlTopicError(f"timed out reading back control topic {self._topic!r}")
@@ -141,6 +139,19 @@ class ControlTopicReader:
             if partition is not None and offset is not None:
                 positions[partition] = offset + 1
         return read
+
+    def _log_end(self, partition: TopicPartition, deadline: float) -> int:
+        """The partition's log end, asked again while its answer may change (a leader
+        moving after a broker died: NOT_LEADER_FOR_PARTITION until the client learns the
+        new one, OFFSET_NOT_AVAILABLE while its high watermark catches up)."""
+        while True:
+            try:
+                _, high = self._consumer.get_watermark_offsets(partition, timeout=self._timeout_s)
+                return int(high)
+            except KafkaException as error:
+                if not retriable(error.args[0]) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def read_until(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, PartitionMetadata
 
 from slackwater.kafka_cluster import KafkaCluster
 from tests.factories import wait_until
@@ -30,8 +30,30 @@ def in_sync(admin: AdminClient, topic: str) -> set[int]:
     return {len(p.isrs) for p in described.partitions.values()}
 
 
+def described(admin: AdminClient, topic: str, partition: int = 0) -> PartitionMetadata | None:
+    """The partition as the broker asked knows it; None while that broker does not yet
+    (a node just started again learns new topics from the controller a moment later)."""
+    topic_metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if topic_metadata is None or topic_metadata.error is not None:
+        return None
+    return topic_metadata.partitions.get(partition)
+
+
+def leader_now(admin: AdminClient, topic: str, partition: int = 0) -> int:
+    """The partition's leader, -1 while none is known."""
+    found = described(admin, topic, partition)
+    return -1 if found is None else int(found.leader)
+
+
 def leader_of(admin: AdminClient, topic: str, partition: int = 0) -> int:
-    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader)
+    """The partition's leader, once one is known."""
+
+    def known() -> tuple[int] | None:
+        leader = leader_now(admin, topic, partition)
+        return (leader,) if leader >= 0 else None
+
+    found: tuple[int] = wait_until(known, FAULT_DEADLINE_S, f"a leader for {topic}[{partition}]")
+    return found[0]
 
 
 def kill_leader(
@@ -42,7 +64,7 @@ def kill_leader(
     leader = leader_of(admin, topic)
     cluster.node(leader).kill()
     wait_until(
-        lambda: leader_of(admin, topic) not in (leader, -1),
+        lambda: leader_now(admin, topic) not in (leader, -1),
         timeout_s,
         f"a new leader for {topic}[0] after node {leader} was killed",
     )

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from slackwater.cli_types import ensure_port_free
 from slackwater.kafka_broker import BrokerError, free_port
 from slackwater.kafka_cluster import KafkaCluster
-from tests.cluster_harness import in_sync, kill_leader, leader_of, replicated_topic
+from tests.cluster_harness import described, in_sync, kill_leader, leader_of, replicated_topic
 from tests.factories import SLACKWATER, run_cli, wait_until
 
 
@@ -44,8 +44,8 @@ def test_three_nodes_replicate_every_topic_three_times_with_two_in_sync_needed(
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
     topic = replicated_topic(admin)
-    replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
-    assert sorted(replicas) == [1, 2, 3]
+    partition = wait_until(lambda: described(admin, topic), 60, f"{topic} known to the node asked")
+    assert sorted(partition.replicas) == [1, 2, 3]
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     config = admin.describe_configs([resource])[resource].result(30)
     assert config["min.insync.replicas"].value == "2"
