@@ -85,6 +85,10 @@ class BrokerObserver:
         self._batch = batch_partitions
         self._partition_counts: dict[str, int] | None = None
         self._metadata_at_s = 0.0
+        # A log end not read may be a leader that moved: librdkafka asks again with the
+        # leader epoch it cached (FENCED_LEADER_EPOCH) until metadata is fetched, so the
+        # next poll fetches it (kafka_clients.refresh_leaders says why).
+        self._leaders_stale = False
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         self._batches: list[_Batch] = []  # of the partition counts above
 
@@ -92,11 +96,13 @@ class BrokerObserver:
         view = BrokerView()
         watched = list(topics)
         counts = self._partition_counts
-        # Metadata (topics, partition counts) is refreshed every metadata
-        # interval, and at every poll while a watched topic is missing.
+        # Metadata (topics, partition counts, leaders) is refreshed every metadata
+        # interval, at every poll while a watched topic is missing, and at the poll
+        # after one that could not read a log end.
         if (
             counts is None
             or len(counts) < len(watched)
+            or self._leaders_stale
             or self._monotonic_s() - self._metadata_at_s >= self._metadata_interval_s
         ):
             try:
@@ -213,6 +219,7 @@ class BrokerObserver:
                     errors["list_offsets"] = str(result)
                 else:
                     offsets[key] = result
+        self._leaders_stale = failures > 0
         if failures:
             log.warning("log end offsets of %d partitions could not be read", failures)
         return offsets

@@ -119,6 +119,19 @@ def asked_by_name(
     return answers
 
 
+def refresh_leaders(admin: AdminClient, timeout_s: float) -> None:
+    """Updates the client's partition leaders and their epochs before a request is sent
+    again. librdkafka's admin ListOffsets sends the leader epoch it has cached and, when
+    the leader has moved, gets FENCED_LEADER_EPOCH back until its next metadata refresh
+    (``topic.metadata.refresh.interval.ms``, 5 minutes by default); a metadata request
+    updates that cache. Kafka's Java clients refresh metadata on these errors likewise
+    (KAFKA-9535). No answer is left to the request that follows."""
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException:
+        pass
+
+
 def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
     """Creates ``topic``; True if this call made it, False if it existed already (made
     by another client since we looked). Any other failure raises KafkaException."""

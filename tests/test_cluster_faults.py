@@ -25,8 +25,12 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import SparkSession
 
 from emitter.control_topic import ControlTopicWriter
+from emitter.observer import BrokerObserver
+from slackwater.kafka_clients import refresh_leaders
 from slackwater.kafka_cluster import KafkaCluster
 from slackwater.markers import FinishRequest, Marker, MarkerStatus
+from spark_consumer.source.options import SourceOptions
+from spark_consumer.source.planner import SlackwaterStreamReader
 from tests.cluster_harness import (
     FAULT_DEADLINE_S,
     in_sync,
@@ -37,6 +41,7 @@ from tests.cluster_harness import (
 from tests.emitter_harness import RunningEmitter, after_polls, control_markers, start_emitter
 from tests.factories import parsed_samples, wait_until
 from tests.kafka_writer import BASE_MS
+from tests.source_driver import options
 from tests.source_harness import WindowJob, events, window_job
 
 IDLE, ACTIVE, FINISHED = MarkerStatus.IDLE, MarkerStatus.ACTIVE, MarkerStatus.FINISHED
@@ -105,6 +110,7 @@ def _log_end(admin: AdminClient, topic: str, partition: int) -> int:
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
     def answer() -> tuple[int] | None:
+        refresh_leaders(admin, 10)  # a leader may have moved (kafka_clients says why)
         future = admin.list_offsets({TopicPartition(topic, partition): latest})
         try:
             return (int(next(iter(future.values())).result(30).offset),)
@@ -356,6 +362,50 @@ def test_a_whole_cluster_outage_publishes_nothing_wrong_and_both_sides_resume_by
     assert final_end >= writer.acked
     assert _of(markers, 0) == [(IDLE, final_end)]
     assert _of(markers, 1) == [(IDLE, 0)]
+
+
+def test_a_leader_that_moved_is_asked_again_with_its_new_epoch_by_the_emitter_and_the_source(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    """librdkafka's ListOffsets sends the leader epoch its client cached: once a leader
+    has moved, FENCED_LEADER_EPOCH, request after request, until the client fetches
+    metadata. Here the clients never refresh it on their own (interval -1; librdkafka's
+    default is 5 minutes): only the emitter's and the planner's own refresh can end it.
+    (CI saw a first plan wait its whole 240 s timeout on this.)"""
+    cluster = all_nodes_running
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    topic = replicated_topic(admin, partitions=2)
+    never_on_its_own = {"topic.metadata.refresh.interval.ms": "-1"}
+    observer = BrokerObserver(
+        AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **never_on_its_own}),
+        10.0,
+        metadata_interval_s=3600.0,  # the emitter's own interval: not within this test
+    )
+    all_read = {(topic, 0): 0, (topic, 1): 0}
+    assert observer.observe([topic], None).log_end_offsets == all_read
+    given = options(
+        cluster.bootstrap_servers,
+        topic,
+        None,
+        requestTimeoutMs=str(int(FAULT_DEADLINE_S * 1000)),
+        **{f"kafka.{key}": value for key, value in never_on_its_own.items()},
+    )
+    planner = SlackwaterStreamReader(SourceOptions.parse(given))
+    # The wait of the planner's first plan for every partition's start offset, driven
+    # itself: initialOffset fetches metadata just before it, so what meets a stale epoch
+    # is this wait when a leader moves during it (as in CI).
+    partitions = sorted(all_read)
+    assert planner._list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    for _ in range(2):  # each move raises the leader epoch
+        cluster.start_nodes([kill_leader(cluster, admin, topic)])
+
+    assert planner._list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    # A poll that could not read a log end fetches metadata at the next one.
+    wait_until(
+        lambda: observer.observe([topic], None).log_end_offsets == all_read,
+        FAULT_DEADLINE_S,
+        "the emitter's log ends through the moved leaders",
+    )
 
 
 def _poll_errors(running: RunningEmitter) -> float:

@@ -184,6 +184,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         offsets, not_ready = self._list_offsets_once(partitions, spec_name)
         while wait_for_all and not_ready and time.monotonic() < deadline:
             time.sleep(0.2)
+            kafka_clients.refresh_leaders(self._admin_client(), self.options.request_timeout_s)
             more, not_ready = self._list_offsets_once(list(not_ready), spec_name)
             offsets.update(more)
         if not_ready:
@@ -234,8 +235,17 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
         name = self.options.progress_topic
         admin = self._admin_client()
-        if name in admin.list_topics(timeout=self.options.request_timeout_s).topics:
+        timeout_s = self.options.request_timeout_s
+        if not kafka_clients.not_listed(admin.list_topics(timeout=timeout_s), [name]):
             return
+        # Not listed: not there, or there but not the principal's to describe (a broker
+        # lists only those): asked for by name, a refusal says Describe, not Create.
+        answer = kafka_clients.asked_by_name(admin, [name], timeout_s)[name]
+        if answer is None:
+            return
+        refused = self.options.refused(answer, f"describe progress topic {name}")
+        if refused:
+            raise refused
         # Time retention of its own (a restart needs only the last batch's records, and
         # copes without them): the broker's default may be infinite or size-only.
         config = {
@@ -244,7 +254,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         }
         made = NewTopic(name, num_partitions=1, replication_factor=-1, config=config)
         try:
-            kafka_clients.create_topic(admin, made, self.options.request_timeout_s)
+            kafka_clients.create_topic(admin, made, timeout_s)
         except KafkaException as error:
             raise self.options.refused(
                 error.args[0], f"create progress topic {name}"
