@@ -141,9 +141,10 @@ class ControlTopicReader:
         return read
 
     def _log_end(self, partition: TopicPartition, deadline: float) -> int:
-        """The partition's log end, asked again while its answer may change (a leader
-        moving after a broker died: NOT_LEADER_FOR_PARTITION until the client learns the
-        new one, OFFSET_NOT_AVAILABLE while its high watermark catches up)."""
+        """The partition's log end, asked again, leaders fetched anew, while the answer may
+        change (a leader moving after a broker died: NOT_LEADER_FOR_PARTITION until the
+        client learns the new one, OFFSET_NOT_AVAILABLE while its high watermark catches
+        up)."""
         while True:
             try:
                 _, high = self._consumer.get_watermark_offsets(partition, timeout=self._timeout_s)
@@ -152,6 +153,7 @@ class ControlTopicReader:
                 if not retriable(error.args[0]) or time.monotonic() > deadline:
                     raise
             time.sleep(0.2)
+            kafka_clients.refresh_leaders(self._consumer, self._timeout_s)
 
     def read_until(
         self,

@@ -8,6 +8,7 @@ made from ``client_settings`` too, in spark_consumer/source/reader_clients.py.)"
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -119,17 +120,15 @@ def asked_by_name(
     return answers
 
 
-def refresh_leaders(admin: AdminClient, timeout_s: float) -> None:
+def refresh_leaders(client: AdminClient | Consumer, timeout_s: float) -> None:
     """Updates the client's partition leaders and their epochs before a request is sent
     again. librdkafka's admin ListOffsets sends the leader epoch it has cached and, when
     the leader has moved, gets FENCED_LEADER_EPOCH back until its next metadata refresh
     (``topic.metadata.refresh.interval.ms``, 5 minutes by default); a metadata request
     updates that cache. Kafka's Java clients refresh metadata on these errors likewise
     (KAFKA-9535). No answer is left to the request that follows."""
-    try:
-        admin.list_topics(timeout=timeout_s)
-    except KafkaException:
-        pass
+    with contextlib.suppress(KafkaException):
+        client.list_topics(timeout=timeout_s)
 
 
 def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
