@@ -54,8 +54,8 @@ class EmitterConfig(BaseModel):
     # as deleted (its partitions become FINISHED); one glitch must not finish a topic.
     deleted_topic_polls: int = Field(default=3, ge=1)
     request_timeout_ms: DurationMs = 5_000
-    # Topic metadata (partitions added, topics deleted) is re-read this often,
-    # and at every poll while a watched topic is missing.
+    # Topic metadata (partitions added, topics deleted) is re-read this often, at
+    # every poll while a watched topic is missing, and after a leader moved.
     metadata_interval_ms: DurationMs = 10_000
 
     @field_validator("topics")

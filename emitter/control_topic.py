@@ -152,8 +152,9 @@ class ControlTopicReader:
             except KafkaException as error:
                 if not retriable(error.args[0]) or time.monotonic() > deadline:
                     raise
-            time.sleep(0.2)
-            kafka_clients.refresh_leaders(self._consumer, self._timeout_s)
+            time.sleep(0.5)
+            remaining_s = max(0.1, deadline - time.monotonic())
+            kafka_clients.refresh_leaders(self._consumer, min(remaining_s, self._timeout_s))
 
     def read_until(
         self,

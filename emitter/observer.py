@@ -1,10 +1,10 @@
 """Reads the broker's view of the watched partitions through the Admin API.
 
 One round of requests per poll, never one request per partition (semantics.md §4): topic
-metadata (every metadata interval), ListOffsets(latest) for the watched partitions and,
-with a group, its committed offsets, in batches of 250, and the group's members'
-assignment. A failed request
-leaves its part of the :class:`BrokerView` empty; it never invents values.
+metadata (every metadata interval, and after a leader moved), ListOffsets(latest) for the
+watched partitions and, with a group, its committed offsets, in batches of 250, and the
+group's members' assignment. A failed request leaves its part of the :class:`BrokerView`
+empty; it never invents values.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from slackwater import kafka_clients, kafka_logging, list_offsets
+from slackwater.list_offsets import LEADER_MOVED
 from slackwater.markers import TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,10 @@ class BrokerObserver:
         self._batch = batch_partitions
         self._partition_counts: dict[str, int] | None = None
         self._metadata_at_s = 0.0
-        # A log end not read may be a leader that moved: librdkafka asks again with the
-        # leader epoch it cached (FENCED_LEADER_EPOCH) until metadata is fetched, so the
-        # next poll fetches it (kafka_clients.refresh_leaders says why).
-        self._leaders_stale = False
+        # A log end refused by a leader that moved: librdkafka asks again with the
+        # leader it cached, and its epoch (FENCED_LEADER_EPOCH), until metadata is
+        # fetched, so the next poll fetches it (kafka_clients.refresh_leaders says why).
+        self._leaders_moved = False
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         self._batches: list[_Batch] = []  # of the partition counts above
 
@@ -98,18 +99,22 @@ class BrokerObserver:
         counts = self._partition_counts
         # Metadata (topics, partition counts, leaders) is refreshed every metadata
         # interval, at every poll while a watched topic is missing, and at the poll
-        # after one that could not read a log end.
-        if (
+        # after one whose ListOffsets met a leader that moved.
+        due = (
             counts is None
             or len(counts) < len(watched)
-            or self._leaders_stale
             or self._monotonic_s() - self._metadata_at_s >= self._metadata_interval_s
-        ):
+        )
+        metadata = None
+        if due or self._leaders_moved:
             try:
                 metadata = self._admin.list_topics(timeout=self._timeout_s)
             except KafkaException as error:
                 view.errors["metadata"] = str(error.args[0] if error.args else error)
-                return view  # without metadata nothing else is trustworthy this poll
+                if due:
+                    return view  # without metadata nothing else is trustworthy this poll
+                # Asked only for the leaders: the partitions known still hold.
+        if metadata is not None:
             counts = kafka_clients.partition_counts(metadata, watched)
             if counts != self._partition_counts:
                 self._batches = self._batches_of(counts)
@@ -205,6 +210,7 @@ class BrokerObserver:
     ) -> dict[TopicPartitionKey, int]:
         offsets: dict[TopicPartitionKey, int] = {}
         failures = 0
+        self._leaders_moved = False
         for future in pending:
             if future is None:
                 continue
@@ -217,9 +223,10 @@ class BrokerObserver:
                 if isinstance(result, BaseException | KafkaError):
                     failures += 1
                     errors["list_offsets"] = str(result)
+                    moved = isinstance(result, KafkaError) and result.code() in LEADER_MOVED
+                    self._leaders_moved = self._leaders_moved or moved
                 else:
                     offsets[key] = result
-        self._leaders_stale = failures > 0
         if failures:
             log.warning("log end offsets of %d partitions could not be read", failures)
         return offsets

@@ -100,6 +100,7 @@ class Emitter:
         """
         config = self.config
         while not stop.is_set():
+            reader = None
             try:
                 if ensure_control_topic(self._admin, config.control_topic, self._timeout_s):
                     log.info(
@@ -127,6 +128,8 @@ class Emitter:
                     timeout_s=max(self._timeout_s * 2, 10.0),
                 )
             except (KafkaException, ControlTopicError, KeyError) as error:
+                if reader is not None:
+                    reader.close()  # its consumer's threads and sockets, at every retry
                 self._set_broker_up(False)
                 log_unreachable.warning(
                     "cannot start on the control topic yet (%s); retrying", error

@@ -143,6 +143,20 @@ RETRIABLE_ERRORS = frozenset(
 )
 
 
+# Answers of a client that sent the request to a leader, or a leader epoch, no longer
+# current: fetching metadata again ends them (kafka_clients.refresh_leaders).
+LEADER_MOVED = frozenset(
+    getattr(KafkaError, n)
+    for n in (
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+    )
+    if hasattr(KafkaError, n)
+)
+
+
 def retriable(error: KafkaError) -> bool:
     """Whether a partition's ListOffsets answer may be another next time."""
     return bool(error.retriable()) or error.code() in RETRIABLE_ERRORS

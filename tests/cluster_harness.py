@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, PartitionMetadata
 
 from slackwater.kafka_cluster import KafkaCluster
@@ -33,7 +34,10 @@ def in_sync(admin: AdminClient, topic: str) -> set[int]:
 def described(admin: AdminClient, topic: str, partition: int = 0) -> PartitionMetadata | None:
     """The partition as the broker asked knows it; None while that broker does not yet
     (a node just started again learns new topics from the controller a moment later)."""
-    topic_metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+    try:
+        topic_metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+    except KafkaException:
+        return None  # no answer in time on a busy machine: asked again
     if topic_metadata is None or topic_metadata.error is not None:
         return None
     return topic_metadata.partitions.get(partition)

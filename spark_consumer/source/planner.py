@@ -55,6 +55,10 @@ from spark_consumer.valve import MIN_WATERMARK
 log = logging.getLogger(__name__)
 # How long a partition must be missing from the broker's metadata before it leaves.
 VANISHED_AFTER_S = 5.0
+# How long a log end must stay below the read position before the offsets count as gone
+# back (a re-created or truncated topic): one answer below it can be a broker's that has
+# not caught up (seen once in a test of killed leaders), and acting on it is final.
+WENT_BACK_AFTER_S = 5.0
 # What reading a topic that does not exist (any more) answers.
 _MISSING_TOPIC_ERRORS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -104,6 +108,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # Partitions the broker stopped listing, since when (monotonic s): they leave
         # the reading only once their absence lasts (_vanished).
         self._absent_since: dict[tuple[str, int], float] = {}
+        self._low_since: dict[tuple[str, int], float] = {}  # log end below the position
         # The offset this planner returned last, and the aligner state it left there
         # (None once a plan has begun changing it): the next call usually starts from
         # that offset and need neither decode it nor rebuild the state from JSON.
@@ -183,8 +188,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         deadline = time.monotonic() + self.options.request_timeout_s
         offsets, not_ready = self._list_offsets_once(partitions, spec_name)
         while wait_for_all and not_ready and time.monotonic() < deadline:
-            time.sleep(0.2)
-            kafka_clients.refresh_leaders(self._admin_client(), self.options.request_timeout_s)
+            time.sleep(0.5)
+            # A leader that moved is refused with the epoch the client cached until it
+            # fetches metadata (kafka_clients.refresh_leaders says why).
+            remaining_s = max(0.1, deadline - time.monotonic())
+            kafka_clients.refresh_leaders(self._admin_client(), remaining_s)
             more, not_ready = self._list_offsets_once(list(not_ready), spec_name)
             offsets.update(more)
         if not_ready:
@@ -495,14 +503,31 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         )
 
     def _offsets_went_back(self, plan: _Plan, now: _BrokerView) -> list[tuple[str, int]]:
-        """Partitions whose log end is below the read position; failOnDataLoss=true
-        stops the query at the first."""
-        went_back = [
-            (topic, int(partition))
+        """Partitions whose log end has been below the read position for
+        ``WENT_BACK_AFTER_S``, at every trigger; until then they stand still (a batch
+        never reads past its start). failOnDataLoss=true stops the query at the first."""
+        low = {
+            (topic, int(partition)): position
             for topic, partitions in plan.data.items()
             for partition, position in partitions.items()
             if now.latest.get((topic, int(partition)), position) < position
-        ]
+        }
+        moment = time.monotonic()
+        for key in low.keys() - self._low_since.keys():
+            log.warning(
+                "%s[%d]'s log end %d is below this query's position %d: it stands still, "
+                "and counts as gone back (re-created or truncated) if it stays so for %.0fs",
+                *key,
+                now.latest[key],
+                low[key],
+                WENT_BACK_AFTER_S,
+            )
+        self._low_since = {key: self._low_since.get(key, moment) for key in low}
+        went_back = sorted(
+            key for key, since in self._low_since.items() if moment - since >= WENT_BACK_AFTER_S
+        )
+        for key in went_back:
+            del self._low_since[key]
         if went_back and self.options.fail_on_data_loss:
             topic, number = went_back[0]
             raise SourceError(
