@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 # How long a partition must be missing from the broker's metadata before it leaves.
 VANISHED_AFTER_S = 5.0
 # How long a log end must stay below the read position before the offsets count as gone
-# back (a re-created or truncated topic): one answer below it can be a broker's that has
-# not caught up (seen once in a test of killed leaders), and acting on it is final.
+# back (a re-created or truncated topic): one answer below it stopped a test's query
+# once while leaders were killed and nothing was truncated, and acting on it is final.
 WENT_BACK_AFTER_S = 5.0
 # What reading a topic that does not exist (any more) answers.
 _MISSING_TOPIC_ERRORS = frozenset(
