@@ -69,8 +69,12 @@ def once_per_interval(name: str) -> logging.Logger:
 
 def client_logging(client: str) -> dict[str, Any]:
     """Configuration entries that route a client's logs and errors through Python
-    logging, rate-limited (served from the client's poll, flush and consume calls)."""
-    logger = logging.getLogger(f"{LOGGER_NAME}.{client}")
+    logging, rate-limited (served from the client's poll, flush and consume calls).
+
+    A name may carry an instance after ``#`` (``source.planner#1f2e``): its failures are
+    its own (authentication_failure), its logger is the kind's, as Python keeps every
+    logger made for the process's life."""
+    logger = logging.getLogger(f"{LOGGER_NAME}.{client.partition('#')[0]}")
     if not any(isinstance(f, OncePerInterval) for f in logger.filters):
         logger.addFilter(_not_reported_twice)
         logger.addFilter(OncePerInterval())

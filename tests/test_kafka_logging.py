@@ -108,6 +108,18 @@ def test_only_refused_credentials_or_an_unverified_certificate_are_recorded_as_f
     assert take_authentication_failure(client) is None  # taken once
 
 
+def test_instances_of_a_client_keep_their_failures_apart_and_share_one_logger() -> None:
+    """A planner per query start: its own failures, but not a logger of its own, which
+    Python would keep for the process's life."""
+    first, second = "test-planner#1", "test-planner#2"
+    first_logging, second_logging = client_logging(first), client_logging(second)
+    assert first_logging["logger"] is second_logging["logger"]
+    assert first_logging["logger"].name == "slackwater.librdkafka.test-planner"
+    first_logging["error_cb"](KafkaError(KafkaError._AUTHENTICATION, REFUSED_SASL))
+    assert take_authentication_failure(second) is None
+    assert take_authentication_failure(first) is not None
+
+
 @pytest.mark.parametrize(
     "arguments",
     [

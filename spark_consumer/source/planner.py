@@ -95,7 +95,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self.options = options
         # This planner's clients' name: the failed authentication it takes is its own,
         # never another query's in the same driver (kafka_logging keys them by name).
-        self._client_name = f"{SOURCE_CLIENT}.planner-{uuid.uuid4().hex[:8]}"
+        self._client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
         self._control_consumer: Any = None
         self._progress_consumer: Any = None
