@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic, PartitionMetadata
+from confluent_kafka.admin import AdminClient, NewTopic, PartitionMetadata, TopicMetadata
 
 from slackwater.kafka_cluster import KafkaCluster
 from tests.factories import wait_until
@@ -25,22 +25,24 @@ def replicated_topic(admin: AdminClient, partitions: int = 1) -> str:
 
 def in_sync(admin: AdminClient, topic: str) -> set[int]:
     """The sizes of the topic's partitions' in-sync replica sets (empty: not listed)."""
-    described = admin.list_topics(topic, timeout=10).topics.get(topic)
-    if described is None or described.error is not None:
-        return set()
-    return {len(p.isrs) for p in described.partitions.values()}
+    listed = _listed(admin, topic)
+    return set() if listed is None else {len(p.isrs) for p in listed.partitions.values()}
 
 
 def described(admin: AdminClient, topic: str, partition: int = 0) -> PartitionMetadata | None:
     """The partition as the broker asked knows it; None while that broker does not yet
     (a node just started again learns new topics from the controller a moment later)."""
     try:
-        topic_metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+        listed = _listed(admin, topic)
     except KafkaException:
         return None  # no answer in time on a busy machine: asked again
-    if topic_metadata is None or topic_metadata.error is not None:
-        return None
-    return topic_metadata.partitions.get(partition)
+    return None if listed is None else listed.partitions.get(partition)
+
+
+def _listed(admin: AdminClient, topic: str) -> TopicMetadata | None:
+    """The topic as the broker asked lists it, without an error; None otherwise."""
+    found = admin.list_topics(topic, timeout=10).topics.get(topic)
+    return None if found is None or found.error is not None else found
 
 
 def leader_now(admin: AdminClient, topic: str, partition: int = 0) -> int:
