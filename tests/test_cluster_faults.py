@@ -395,11 +395,11 @@ def test_a_leader_that_moved_is_asked_again_with_its_new_epoch_by_the_emitter_an
     # itself: initialOffset fetches metadata just before it, so what meets a stale epoch
     # is this wait when a leader moves during it (as in CI).
     partitions = sorted(all_read)
-    assert planner._list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    assert planner.broker.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
     for _ in range(2):  # each move raises the leader epoch
         cluster.start_nodes([kill_leader(cluster, admin, topic)])
 
-    assert planner._list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    assert planner.broker.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
     # The first poll asks the old leaders, or with the old epoch: refused. The next
     # fetches metadata first, and reads them.
     first = observer.observe([topic], None)

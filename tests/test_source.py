@@ -361,12 +361,12 @@ def test_a_planner_takes_only_its_own_clients_failed_authentication() -> None:
     given = {"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "subscribe": "t"}
     refused, healthy = (SlackwaterStreamReader(SourceOptions.parse(given)) for _ in range(2))
     words = "sasl://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed"
-    kafka_logging.client_logging(refused._client_name)["error_cb"](
+    kafka_logging.client_logging(refused.broker.client_name)["error_cb"](
         KafkaError(KafkaError._AUTHENTICATION, words)
     )
     try:
-        assert healthy._authentication_failure() is None
-        failure = refused._authentication_failure()
+        assert healthy.broker.authentication_failure() is None
+        failure = refused.broker.authentication_failure()
         assert failure is not None and failure.str() == words
     finally:
         refused.stop()

@@ -1,4 +1,4 @@
-"""The planner's pure steps (spark_consumer/source/planner.py), without a broker."""
+"""The planner's pure steps (source/plan.py, progress_collector.py), without a broker."""
 
 from __future__ import annotations
 
@@ -10,16 +10,11 @@ from hypothesis import strategies as st
 
 from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from spark_consumer.source.broker import BrokerView
 from spark_consumer.source.offset import SourceOffset, ranges
-from spark_consumer.source.planner import (
-    _BrokerView,
-    _nothing_new_since,
-    _partition_batches,
-    _rate_limit,
-    _records_between,
-    _same_batch,
-)
+from spark_consumer.source.plan import nothing_new_since, rate_limit, records_between, same_batch
 from spark_consumer.source.progress import Progress
+from spark_consumer.source.progress_collector import partition_batches
 
 
 def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> SourceOffset:
@@ -37,11 +32,11 @@ def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = Non
     )
 
 
-def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> _BrokerView:
+def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> BrokerView:
     counts: dict[str, int] = {}
     for topic, partition in latest:
         counts[topic] = max(counts.get(topic, 0), partition + 1)
-    return _BrokerView(counts, frozenset(counts), latest, control or {})
+    return BrokerView(counts, frozenset(counts), latest, control or {})
 
 
 def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
@@ -54,8 +49,8 @@ def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
 def test_rate_limit_shares_in_proportion_and_never_takes_nothing() -> None:
     begin = {"t": {"0": 0, "1": 0, "2": 0}}
     end = {"t": {"0": 90, "1": 9, "2": 1}}
-    assert _rate_limit(begin, end, 100) == end  # everything fits
-    assert _rate_limit(begin, end, 10) == {"t": {"0": 9, "1": 1, "2": 1}}
+    assert rate_limit(begin, end, 100) == end  # everything fits
+    assert rate_limit(begin, end, 10) == {"t": {"0": 9, "1": 1, "2": 1}}
 
 
 @given(
@@ -67,7 +62,7 @@ def test_rate_limit_stays_inside_every_range(
 ) -> None:
     begin = {"t": {str(p): min(a, b) for p, (a, b) in spans.items()}}
     end = {"t": {str(p): max(a, b) for p, (a, b) in spans.items()}}
-    limited = _rate_limit(begin, end, max_records)
+    limited = rate_limit(begin, end, max_records)
     for partition, finish in end["t"].items():
         start = begin["t"][partition]
         assert start <= limited["t"][partition] <= finish
@@ -77,21 +72,19 @@ def test_rate_limit_stays_inside_every_range(
 
 def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
     start = _start({"t": {"0": 5, "1": 3}}, {"0": 2})
-    assert _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}))
+    assert nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}))
     # A record on the data or the control topic.
-    assert not _nothing_new_since(start, _now({("t", 0): 6, ("t", 1): 3}, {"0": 2}))
-    assert not _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 3}))
+    assert not nothing_new_since(start, _now({("t", 0): 6, ("t", 1): 3}, {"0": 2}))
+    assert not nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3}, {"0": 3}))
     # Offsets that went back (a re-created topic) are news too.
-    assert not _nothing_new_since(start, _now({("t", 0): 1, ("t", 1): 3}, {"0": 2}))
+    assert not nothing_new_since(start, _now({("t", 0): 1, ("t", 1): 3}, {"0": 2}))
     # A partition appeared, or a topic left the metadata.
-    assert not _nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3, ("t", 2): 0}))
-    assert not _nothing_new_since(start, _now({}, {"0": 2}))
+    assert not nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3, ("t", 2): 0}))
+    assert not nothing_new_since(start, _now({}, {"0": 2}))
     # A partition whose log end is not known now stands still.
-    assert _nothing_new_since(
-        start, _BrokerView({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2})
-    )
+    assert nothing_new_since(start, BrokerView({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2}))
     # A range of the last batch still to account for.
-    assert not _nothing_new_since(
+    assert not nothing_new_since(
         dataclasses.replace(start, data_from={"t": {"0": 4, "1": 3}}),
         _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}),
     )
@@ -101,7 +94,7 @@ def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:
     data = {"t": {"0": 10, "1": 10}}
     ranges = [("t", 0, 4, 10), ("t", 1, 6, 10)]
     seen = Progress(records=6, max_event_time_ms=77, max_offset=9, late=0, unreadable=0)
-    batches = _partition_batches(data, ranges, {("t", 0): seen})
+    batches = partition_batches(data, ranges, {("t", 0): seen})
     assert batches["t:0"] == PartitionBatch(6, 77, 9, 10)
     # No event time (the watermark stays), data up to the range's last offset (an IDLE
     # inside it is contradicted: the partition stays ACTIVE).
@@ -111,7 +104,7 @@ def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:
 def test_same_batch_only_when_the_plan_changes_nothing() -> None:
     start = _start({"t": {"0": 5}}, {"0": 2})
     same = dataclasses.replace(start, plan_id="another")
-    assert _same_batch(start, same)
+    assert same_batch(start, same)
     idle = MarkerAligner.restore(start.aligner)
     idle.partitions["t:0"].status = MarkerStatus.IDLE
     changes: list[dict[str, Any]] = [
@@ -122,9 +115,9 @@ def test_same_batch_only_when_the_plan_changes_nothing() -> None:
         {"held": [{"topic": "t"}]},
     ]
     for change in changes:
-        assert not _same_batch(start, dataclasses.replace(same, **change)), change
+        assert not same_batch(start, dataclasses.replace(same, **change)), change
     # A range of the last batch still to account for is never "the same".
-    assert not _same_batch(dataclasses.replace(start, data_from={"t": {"0": 4}}), same)
+    assert not same_batch(dataclasses.replace(start, data_from={"t": {"0": 4}}), same)
 
 
 @given(
@@ -133,4 +126,4 @@ def test_same_batch_only_when_the_plan_changes_nothing() -> None:
 def test_records_between_is_what_the_ranges_hold(spans: dict[int, tuple[int, int]]) -> None:
     begin = {"t": {str(p): a for p, (a, _) in spans.items()}}
     end = {"t": {str(p): b for p, (_, b) in spans.items()}, "u": {"0": 3}}
-    assert _records_between(begin, end) == sum(b - a for _, _, a, b in ranges(begin, end))
+    assert records_between(begin, end) == sum(b - a for _, _, a, b in ranges(begin, end))

@@ -23,9 +23,11 @@ from pyspark.sql import SparkSession
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.source import SourceError
+from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.offset import SourceOffset
 from spark_consumer.source.options import PROGRESS_RETENTION_MS, SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader, _BrokerView
+from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.progress_collector import ProgressCollector
 from tests.conftest import TopicFactory
 from tests.factories import wait_until
 from tests.kafka_writer import BASE_MS, Writer
@@ -79,18 +81,26 @@ def _delete_records_before(admin: AdminClient, topic: str, partition: int, offse
 # ------------------------------------------------------------ 1. no marker skipped
 
 
-class _MarkerDuringWait(SlackwaterStreamReader):
-    """A planner whose wait for the readers' progress sees a marker written meanwhile:
-    after it read the control topic's ends, before it reads the markers up to them."""
+class _WriteDuringWait(ProgressCollector):
+    """A wait for the readers' progress that sees a marker written meanwhile: after the
+    planner read the control topic's ends, before it reads the markers up to them."""
 
     write_during_wait: Any = None
 
-    def _wait_for_progress(self, start: Any, plan: Any) -> Any:
-        found = super()._wait_for_progress(start, plan)
+    def wait_for_progress(self, start: Any, plan: Any) -> Any:
+        found = super().wait_for_progress(start, plan)
         if self.write_during_wait is not None:
             self.write_during_wait()
             self.write_during_wait = None
         return found
+
+
+class _MarkerDuringWait(SlackwaterStreamReader):
+    """A planner whose progress collector is ``_WriteDuringWait``."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        super().__init__(options)
+        self.progress = _WriteDuringWait(options, self.broker)
 
 
 def test_a_marker_written_while_the_planner_waits_is_read_by_the_next_plan(
@@ -113,8 +123,8 @@ def test_a_marker_written_while_the_planner_waits_is_read_by_the_next_plan(
             ends = admin.list_offsets({TopicPartition(control, 0): _latest()})
             assert next(iter(ends.values())).result(10).offset == 2
 
-        assert isinstance(driven.reader, _MarkerDuringWait)
-        driven.reader.write_during_wait = idle_marker
+        assert isinstance(driven.reader.progress, _WriteDuringWait)
+        driven.reader.progress.write_during_wait = idle_marker
         driven.step()
         # The plan read up to the ends it looked at, never past them.
         assert driven.offset["control"] == {"0": 1}
@@ -476,7 +486,7 @@ def test_a_recreated_topic_starts_again_or_stops_the_query(
         driven.stop()
 
 
-class _OneLowAnswer(SlackwaterStreamReader):
+class _OneLowBroker(PlannerBroker):
     """The real broker's answers, but one plan sees partition 0's log end at 0: what a
     broker that has not caught up with a new leader may answer."""
 
@@ -484,13 +494,21 @@ class _OneLowAnswer(SlackwaterStreamReader):
         super().__init__(options)
         self.lowered = False
 
-    def _observe(self, planned: Collection[str]) -> _BrokerView:
-        now = super()._observe(planned)
+    def observe(self, planned: Collection[str]) -> BrokerView:
+        now = super().observe(planned)
         if self.lowered:
             return now
         self.lowered = True
         key = next(k for k in now.latest if k[1] == 0)
         return dataclasses.replace(now, latest={**now.latest, key: 0})
+
+
+class _OneLowAnswer(SlackwaterStreamReader):
+    """A planner whose view of the broker is ``_OneLowBroker``."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        super().__init__(options)
+        self.broker = _OneLowBroker(options)
 
 
 def test_one_log_end_below_the_read_position_is_no_data_loss(

@@ -40,6 +40,9 @@ EVENT_TIME = "event_time"
 LATE = "late"
 # Markers for partitions the broker does not list, kept until the partition appears.
 MAX_HELD_MARKERS = 1_000
+# How long a reader (or the planner, waiting for progress) goes without what it waits for
+# before it asks the broker whether those records are gone.
+GONE_CHECK_S = 2.0
 # The progress topic's retention.ms when the source creates it (option progressRetention):
 # a restart needs at most the last batch's records, and copes with none (source.md).
 PROGRESS_RETENTION_MS = 7 * 86_400_000

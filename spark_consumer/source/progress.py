@@ -14,10 +14,6 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from spark_consumer.source import reader_clients
-from spark_consumer.source.options import SourceError, SourceOptions
 
 # A partition's [start, end) in a batch: (topic, partition, start, end).
 Range = tuple[str, int, int, int]
@@ -139,28 +135,3 @@ class TaskProgress:
 
 def synthetic_progress_key(plan_id: str) -> str:
     return f"synthetic:{plan_id}"
-
-
-def report(options: SourceOptions, key: str, value: bytes) -> None:
-    """One progress record, acknowledged before the task ends (a retry or a replay
-    writes the same record again, harmlessly)."""
-    failures: list[Any] = []
-
-    def delivered(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(error)
-
-    config = {**options.producer_config(), "linger.ms": 0, "acks": "all"}
-    producer = reader_clients.producer(config)
-    producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
-    # A record the broker refuses (authorization, size) leaves the queue with an error:
-    # the task fails now, saying why, not the next plan after its progress timeout.
-    if producer.flush(options.request_timeout_s) != 0 or failures:
-        why = failures[0].str() if failures else "not acknowledged in time"
-        reader_clients.drop_producer(config)  # it may be in any state now
-        refused = failures and options.refused(
-            failures[0], f"write progress topic {options.progress_topic}"
-        )
-        raise refused or SourceError(
-            f"progress of {key} not written to {options.progress_topic}: {why}"
-        )

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
+from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.options import SourceOptions
 from spark_consumer.source.progress import (
     Progress,
     Range,
     TaskProgress,
     progress_key,
+    synthetic_progress_key,
     task_progress_key,
 )
 from spark_consumer.valve import MIN_WATERMARK
@@ -167,3 +170,34 @@ def spark_batch_id() -> int | None:
     context = TaskContext.get()
     value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
     return int(value) if value is not None else None
+
+
+def batch_tasks(
+    options: SourceOptions, end: SourceOffset
+) -> tuple[list[TaskPartition], SyntheticPartition | None]:
+    """The tasks of the batch that ends at ``end``: its reader tasks (its ranges grouped
+    as the offset says), and its synthetic row once the valve has a watermark. The
+    planner makes them for Spark, and again to know whose progress to wait for."""
+    threshold = end.late_threshold  # == the previous offset's watermark
+    previous = threshold if end.previous_threshold is None else end.previous_threshold
+    tasks = [
+        TaskPartition(
+            ranges,
+            threshold,
+            previous,
+            end.previous_batch_id,
+            query=end.query,
+            latest_event_ms=end.latest_event_ms,
+            legacy=end.tasks is None,
+            event_time=options.event_time_field or "timestamp",
+        )
+        for ranges in group_ranges(end.ranges(), end.tasks)
+    ]
+    synthetic = None
+    if end.watermark > MIN_WATERMARK:
+        synthetic = SyntheticPartition(
+            min(end.watermark, options.max_planned_watermark_ms),
+            options.watermark_delay_ms,
+            synthetic_progress_key(end.plan_id),
+        )
+    return tasks, synthetic

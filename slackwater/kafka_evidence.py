@@ -1,0 +1,107 @@
+"""What Kafka's answers mean: each judgment slackwater makes from the broker's answers,
+written once (docs/semantics.md, "Kafka's evidence").
+
+The emitter, the source's planner and its readers ask the broker different questions,
+through different clients; they judge the answers by these rules alone, so that a rule
+changes in one place. Each rule is numbered as in docs/semantics.md.
+
+A position is the next offset to read; ``known_end`` is a log end this side has seen
+(or read up to) before, so records below it existed.
+
+            log start           position           known end
+    log:        |=================|......................|
+    retention:                 |<- log start moved past the position: [position, start) gone
+    went back:      |<- log end at or below the position, and below the known end:
+                        [position, known end) gone (the topic re-created or truncated)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+# Rule 1: a topic does not exist only when the broker says UNKNOWN_TOPIC_OR_PART. A
+# refusal (TOPIC_AUTHORIZATION_FAILED, said of a topic there or not), a timeout or no
+# leader is not that: a deleted topic's partitions become FINISHED for good.
+_MISSING_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
+# What a consumer reading a topic that does not exist (any more) reports, as events:
+# the broker's code, or librdkafka's own for a topic or partition its metadata lacks.
+_MISSING_TOPIC_EVENTS = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+# Rule 2: believe that a topic (or partition) does not exist only when told so this many
+# times in a row: a broker just behind on metadata says so once of a topic that exists.
+TOLD_IN_A_ROW = 2
+
+
+def says_topic_missing(error: KafkaError | None) -> bool:
+    """Rule 1, for an answer to a request naming the topic (describe, metadata)."""
+    return error is not None and error.code() == _MISSING_TOPIC
+
+
+def topic_missing(described: Any) -> bool:
+    """Rule 1, for one topic of a metadata answer (``list_topics(topic).topics.get``):
+    not listed at all, or listed with UNKNOWN_TOPIC_OR_PART."""
+    return described is None or says_topic_missing(described.error)
+
+
+def partition_missing(described: Any, partition: int) -> bool:
+    """Rule 1 for a partition: its topic is missing, or the topic is described without
+    an error and without this partition (re-created with fewer)."""
+    return topic_missing(described) or (
+        described.error is None and partition not in described.partitions
+    )
+
+
+def missing_topic_event(error: KafkaError) -> bool:
+    """Rule 1, for an error event a consumer reports while reading a partition."""
+    return error.code() in _MISSING_TOPIC_EVENTS
+
+
+@dataclass
+class MissingAnswers:
+    """Rule 2: answers in a row that a topic (or partition) does not exist."""
+
+    in_a_row: int = 0
+
+    def answer(self, missing: bool | None) -> bool:
+        """Takes one answer (None: the broker could not tell, the count stands); True
+        once the absence is to be believed."""
+        if missing is not None:
+            self.in_a_row = self.in_a_row + 1 if missing else 0
+        return self.in_a_row >= TOLD_IN_A_ROW
+
+
+class Gone(enum.Enum):
+    """Why records past a position are gone (rule 4)."""
+
+    # Retention (or DeleteRecords) moved the log start past the position.
+    RETENTION = "retention"
+    # The offsets went back: the topic was re-created or truncated.
+    WENT_BACK = "went back"
+
+
+def log_end_went_back(log_end: int, known_end: int) -> bool:
+    """Rule 3: a log end below one seen before means the offsets went back (a re-created
+    or truncated topic). Kafka's log end never moves down otherwise; a new leader whose
+    high watermark is still behind answers OFFSET_NOT_AVAILABLE (KIP-207), not a lower
+    end."""
+    return log_end < known_end
+
+
+def records_gone(position: int, log_start: int, log_end: int, known_end: int) -> Gone | None:
+    """Rule 4: whether the records from ``position`` on are gone, and why (the module's
+    timeline); None while they are there or may still come.
+
+    * RETENTION: ``[position, log_start)`` is gone, the records after it are there.
+    * WENT_BACK: ``[position, known_end)`` is gone; the log ends at or before the
+      position (so nothing there is to be read) and below where records were seen.
+    """
+    if log_start > position:
+        return Gone.RETENTION
+    if log_end <= position and log_end_went_back(log_end, known_end):
+        return Gone.WENT_BACK
+    return None

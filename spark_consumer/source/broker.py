@@ -1,0 +1,365 @@
+"""The planner's view of the broker: every metadata, describe and ListOffsets request the
+driver makes, and the judgments it makes from the answers (refused, went back, vanished).
+
+As the emitter's ``observer.py`` is the emitter's, and Spark's ``KafkaOffsetReader`` is
+its ``KafkaMicroBatchStream``'s: one object asks, the planner decides. What the answers
+mean is judged by ``slackwater.kafka_evidence``, the rules the emitter and the readers
+use too; this room adds only how long the planner waits before acting on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic, OffsetSpec
+
+from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
+from slackwater.kafka_logging import once_per_interval
+from spark_consumer.source.offset import Offsets
+from spark_consumer.source.options import SOURCE_CLIENT, SourceError, SourceOptions
+
+log = logging.getLogger(__name__)
+# How long a partition must be missing from the broker's metadata before it leaves.
+VANISHED_AFTER_S = 5.0
+# How long a log end must stay below the read position before the offsets count as gone
+# back (a re-created or truncated topic): one answer below it stopped a test's query
+# once while leaders were killed and nothing was truncated, and acting on it is final.
+WENT_BACK_AFTER_S = 5.0
+# The planner's consumers read by assignment and commit nothing; librdkafka still finds
+# this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
+PLANNER_GROUP = "slackwater-source-planner"
+# Repeats while the broker is away, or refuses a topic: one line per kind per 30 s.
+log_refused = once_per_interval("spark_consumer.source.planner.refused")
+log_unreachable = once_per_interval("spark_consumer.source.planner.connection")
+# A partition of a topic: (topic, partition).
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """What one plan saw of the broker (``PlannerBroker.observe``), as the emitter's
+    BrokerView is what one poll saw."""
+
+    counts: dict[str, int]  # partitions per subscribed topic (listed without an error)
+    listed: frozenset[str]  # every topic the broker lists, with an error or not
+    latest: dict[Key, int]  # log ends (last stable offsets if read_committed)
+    control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
+
+
+class PlannerBroker:
+    """The planner's Kafka clients and every question they ask; every request bounded by
+    the option requestTimeoutMs."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        # This planner's clients' name: the failed authentication it takes is its own,
+        # never another query's in the same driver (kafka_logging keys them by name).
+        self.client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
+        self._admin: Any = None
+        # Partitions the broker stopped listing, and partitions whose log end is below
+        # the read position, since when (monotonic s): acted on once it lasts.
+        self._absent_since: dict[Key, float] = {}
+        self._low_since: dict[Key, float] = {}
+
+    @property
+    def admin(self) -> Any:
+        if self._admin is None:
+            self._admin = kafka_clients.admin_client(
+                self.client_name, self.options.bootstrap_servers, self.options.kafka_config
+            )
+        return self._admin
+
+    def consumer(self) -> Any:
+        """A consumer of the control or progress topic, reading by assignment."""
+        return kafka_clients.consumer(
+            self.client_name,
+            self.options.bootstrap_servers,
+            self.options.kafka_config,
+            {
+                "group.id": PLANNER_GROUP,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            },
+        )
+
+    @property
+    def _timeout_s(self) -> float:
+        return self.options.request_timeout_s
+
+    # ---------------------------------------------------------------- what is there
+
+    def observe(self, planned: Collection[str]) -> BrokerView:
+        """One metadata request and one ListOffsets round for the whole plan: the
+        subscribed topics' partitions and log ends, and the control topic's ends
+        (``planned``: the topics the query has read, see ``_not_refused``)."""
+        metadata = self.admin.list_topics(timeout=self._timeout_s)
+        counts = self._subscribed(metadata, planned)
+        wanted = [(t, p) for t, count in counts.items() for p in range(count)]
+        control = self.options.control_topic
+        if control is not None:
+            wanted += [
+                (control, p)
+                for p in range(kafka_clients.partition_counts(metadata, [control]).get(control, 0))
+            ]
+        latest = self.list_offsets(wanted, "latest")
+        control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
+        return BrokerView(counts, frozenset(metadata.topics), latest, control_ends)
+
+    def subscribed_partitions(self) -> list[Key]:
+        """Every partition of the subscribed topics the broker lists now."""
+        counts = self._subscribed(self.admin.list_topics(timeout=self._timeout_s))
+        return [(t, p) for t, count in counts.items() for p in range(count)]
+
+    def _subscribed(self, metadata: Any, planned: Collection[str] = ()) -> dict[str, int]:
+        self._not_refused(metadata, planned)
+        names = [name for name in metadata.topics if self.options.subscribes(name)]
+        return kafka_clients.partition_counts(metadata, names)
+
+    def _not_refused(self, metadata: Any, planned: Collection[str]) -> None:
+        """A broker lists only the topics the principal may describe: the topics this
+        query names that are not listed are asked for by name (one request, only while
+        some are missing). A refused control topic, or a refused data topic the query
+        has read, ends the query: it would run without markers, or stop reading the
+        topic without a word. A data topic it has not read yet is waited for, saying so
+        (Kafka refuses a topic not there yet alike, when no ACL names it yet). Topics
+        of a pattern cannot be asked for: one refused is one not there."""
+        control = self.options.control_topic
+        named = (*self.options.topics, *([control] if control else []))
+        answers = kafka_clients.asked_by_name(
+            self.admin, kafka_clients.not_listed(metadata, named), self._timeout_s
+        )
+        for topic, error in answers.items():
+            kind = "control topic" if topic == control else "topic"
+            refused = error and self.options.refused(error, f"describe {kind} {topic}")
+            if not refused:
+                continue
+            if topic == control or topic in planned:
+                raise refused
+            log_refused.warning("%s: waiting for it (no data from it until then)", refused)
+
+    def describe(self, topic: str) -> Any:
+        """The metadata of one topic, asked for by name (None: not listed)."""
+        return self.admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+
+    def topic_ends(self, topic: str) -> dict[str, int]:
+        """The log end of every partition of a topic; empty if the topic does not exist.
+        Waits for a partition just created (the progress topic at the first start)."""
+        metadata = self.admin.list_topics(timeout=self._timeout_s)
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None:
+            return {}
+        ends = self.list_offsets(
+            [(topic, p) for p in described.partitions], "latest", wait_for_all=True
+        )
+        return {str(p): end for (_, p), end in ends.items()}
+
+    # ---------------------------------------------------------------- offsets
+
+    def list_offsets(
+        self, partitions: list[Key], spec_name: str, *, wait_for_all: bool = False
+    ) -> dict[Key, int]:
+        """Offsets of the partitions that have one now. A partition just created or
+        moving leader answers with an error Kafka's protocol calls retriable: it is left
+        out, and stands still until the next trigger, or with ``wait_for_all`` asked
+        again until the request timeout."""
+        deadline = time.monotonic() + self._timeout_s
+        offsets, not_ready = self._list_offsets_once(partitions, spec_name)
+        while wait_for_all and not_ready and time.monotonic() < deadline:
+            time.sleep(0.5)
+            # A leader that moved is refused with the epoch the client cached until it
+            # fetches metadata (kafka_clients.refresh_leaders says why).
+            remaining_s = max(0.1, deadline - time.monotonic())
+            kafka_clients.refresh_leaders(self.admin, remaining_s)
+            more, not_ready = self._list_offsets_once(list(not_ready), spec_name)
+            offsets.update(more)
+        if not_ready:
+            where = ", ".join(f"{t}[{p}] ({name})" for (t, p), name in list(not_ready.items())[:5])
+            if wait_for_all:
+                raise SourceError(
+                    f"{spec_name} offsets not available after {self._timeout_s:.0f}s: {where}"
+                )
+            log.info("offsets not ready, retried next trigger: %s", where)
+        return offsets
+
+    def _list_offsets_once(
+        self, partitions: list[Key], spec_name: str
+    ) -> tuple[dict[Key, int], dict[Key, str]]:
+        if not partitions:
+            return {}, {}
+        isolation = (
+            IsolationLevel.READ_COMMITTED
+            if self.options.read_committed
+            else IsolationLevel.READ_UNCOMMITTED
+        )
+        answers = list_offsets.submit(
+            self.admin,
+            list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
+            timeout_s=self._timeout_s,
+            isolation_level=isolation,
+        ).result(timeout=self._timeout_s)
+        offsets: dict[Key, int] = {}
+        not_ready: dict[Key, str] = {}
+        for (topic, partition), answer in answers.items():
+            if isinstance(answer, KafkaError):
+                if not list_offsets.retriable(answer):
+                    raise self.options.refused(answer, f"describe topic {topic}") or SourceError(
+                        f"{spec_name} offset of {topic}[{partition}]: {answer}"
+                    )
+                not_ready[(topic, partition)] = answer.name()
+                continue
+            offsets[(topic, partition)] = answer
+        return offsets, not_ready
+
+    # ---------------------------------------------------------------- the progress topic
+
+    def ensure_progress_topic(self) -> None:
+        """Makes the progress topic if it is not there, with a time retention of its own
+        (a restart needs only the last batch's records, and copes without them): the
+        broker's default may be infinite or size-only."""
+        name = self.options.progress_topic
+        if not kafka_clients.not_listed(self.admin.list_topics(timeout=self._timeout_s), [name]):
+            return
+        # Not listed: not there, or there but not the principal's to describe (a broker
+        # lists only those): asked for by name, a refusal says Describe, not Create.
+        answer = kafka_clients.asked_by_name(self.admin, [name], self._timeout_s)[name]
+        if answer is None:
+            return
+        refused = self.options.refused(answer, f"describe progress topic {name}")
+        if refused:
+            raise refused
+        config = {
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.options.progress_retention_ms),
+        }
+        made = NewTopic(name, num_partitions=1, replication_factor=-1, config=config)
+        try:
+            kafka_clients.create_topic(self.admin, made, self._timeout_s)
+        except KafkaException as error:
+            raise self.options.refused(
+                error.args[0], f"create progress topic {name}"
+            ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
+
+    # ---------------------------------------------------------------- judgments
+
+    def went_back(self, data: Offsets, now: BrokerView) -> list[Key]:
+        """Partitions whose offsets went back (kafka_evidence rule 3: the log end below
+        the read position), once that has held for ``WENT_BACK_AFTER_S`` at every
+        trigger; until then they stand still (a batch never reads past its start).
+        failOnDataLoss=true stops the query at the first."""
+        low = {
+            (topic, int(partition)): position
+            for topic, partitions in data.items()
+            for partition, position in partitions.items()
+            if kafka_evidence.log_end_went_back(
+                now.latest.get((topic, int(partition)), position), position
+            )
+        }
+        moment = time.monotonic()
+        for key in low.keys() - self._low_since.keys():
+            log.warning(
+                "%s[%d]'s log end %d is below this query's position %d: it stands still, "
+                "and counts as gone back (re-created or truncated) if it stays so for %.0fs",
+                *key,
+                now.latest[key],
+                low[key],
+                WENT_BACK_AFTER_S,
+            )
+        self._low_since = {key: self._low_since.get(key, moment) for key in low}
+        went_back = sorted(
+            key for key, since in self._low_since.items() if moment - since >= WENT_BACK_AFTER_S
+        )
+        for key in went_back:
+            del self._low_since[key]
+        if went_back and self.options.fail_on_data_loss:
+            topic, number = went_back[0]
+            raise SourceError(
+                f"data loss: {topic}[{number}]'s log end went back from "
+                f"{data[topic][str(number)]} to {now.latest[(topic, number)]} (the "
+                "topic was re-created or truncated): records this query had not read may be "
+                "gone; the option failOnDataLoss=false starts again at its earliest offset"
+            )
+        return went_back
+
+    def vanished(self, data: Offsets, now: BrokerView) -> list[Key]:
+        """Partitions the broker no longer lists: a topic missing from the metadata, or
+        partitions past a topic's count (re-created with fewer).
+
+        One answer is not enough: a topic also goes missing from an all-topics answer
+        when the principal loses DESCRIBE, or from a broker behind on metadata. A
+        partition has vanished once it has been missing for ``VANISHED_AFTER_S`` and, for
+        a whole topic, a request for that topic answers that it does not exist.
+        """
+        if not self._absent_since and all(
+            topic in now.counts and len(partitions) <= now.counts[topic]
+            for topic, partitions in data.items()
+        ):
+            return []  # every partition read is listed (partitions are numbered from 0)
+        missing = {
+            (topic, int(partition))
+            for topic, partitions in data.items()
+            if topic not in now.counts and topic not in now.listed
+            for partition in partitions
+        } | {
+            (topic, int(partition))
+            for topic, count in now.counts.items()
+            for partition in data.get(topic, {})
+            if int(partition) >= count
+        }
+        moment = time.monotonic()
+        self._absent_since = {key: self._absent_since.get(key, moment) for key in missing}
+        due = [k for k, since in self._absent_since.items() if moment - since >= VANISHED_AFTER_S]
+        confirmed: dict[str, bool] = {}
+        vanished = []
+        for topic, partition in sorted(due):
+            if topic not in now.listed:
+                if topic not in confirmed:
+                    confirmed[topic] = self._topic_does_not_exist(topic)
+                if not confirmed[topic]:
+                    continue
+            del self._absent_since[(topic, partition)]
+            vanished.append((topic, partition))
+        return vanished
+
+    def _topic_does_not_exist(self, topic: str) -> bool:
+        """A request for this topic alone answers that it does not exist (rule 1)."""
+        try:
+            described = self.describe(topic)
+        except KafkaException:
+            return False
+        return described is not None and kafka_evidence.says_topic_missing(described.error)
+
+    # ---------------------------------------------------------------- no answer
+
+    def unreachable(self, error: KafkaException) -> None:
+        """The broker did not answer: said (rate-limited), and the plan waits for it. A
+        failed authentication ends the query instead, in one line naming the principal:
+        retrying cannot mend credentials, and a query that only waited would look like
+        one whose broker is down."""
+        failure = self.authentication_failure()
+        if failure is not None:
+            raise SourceError(
+                kafka_logging.authentication_problem(failure, self.options.kafka_config)
+            ) from error
+        log_unreachable.warning(
+            "cannot reach Kafka at %s (%s): no new batch until it answers",
+            self.options.bootstrap_servers,
+            error.args[0].str() if error.args else error,
+        )
+
+    def authentication_failure(self) -> KafkaError | None:
+        """The failed authentication librdkafka reported since the last call, taken.
+        Served first: the error callback runs only in a poll (so do log lines, which
+        would queue up otherwise)."""
+        self.admin.poll(0)
+        return kafka_logging.take_authentication_failure(self.client_name)
+
+
+def partitions_of(counts: dict[str, int]) -> Iterable[Key]:
+    return ((t, p) for t, count in counts.items() for p in range(count))

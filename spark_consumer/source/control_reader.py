@@ -1,0 +1,167 @@
+"""The control-topic reader: the emitter's markers, read once each, up to the ends one
+plan looked at, offered to the aligner (which applies them once the read position
+reaches their offset, and fences older epochs); markers for partitions the broker does
+not list yet are held in the plan until they appear."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from slackwater import kafka_evidence
+from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
+from spark_consumer.source.broker import PLANNER_GROUP
+from spark_consumer.source.options import MAX_HELD_MARKERS, SourceError, SourceOptions
+from spark_consumer.source.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+class ControlReader:
+    """Reads the control topic for the planner, with one consumer kept across plans."""
+
+    def __init__(
+        self,
+        options: SourceOptions,
+        make_consumer: Callable[[], Any],
+        channel_of: Callable[[Marker], str | None],
+    ) -> None:
+        self.options = options
+        self._make_consumer = make_consumer
+        self._channel_of = channel_of
+        self._consumer: Any = None
+        self._warned_missing = False
+
+    def read(self, plan: Plan, ends: dict[str, int]) -> None:
+        """Reads the control topic from the plan's position up to ``ends`` (its log ends
+        when the plan looked at the broker; empty: the topic does not exist)."""
+        topic = self.options.control_topic
+        if topic is None:
+            return
+        if not ends:
+            if not self._warned_missing:
+                log.warning(
+                    "control topic %s does not exist: the valve works on data alone until it does",
+                    topic,
+                )
+                self._warned_missing = True
+            return
+        self._follow_ends(plan, ends)
+        todo = {p: end for p, end in ends.items() if plan.control[p] < end}
+        if not todo:
+            return
+        malformed: list[str] = []
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        self._consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
+        deadline = time.monotonic() + self.options.read_timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise SourceError(f"timed out reading control topic {topic} up to {ends}")
+            for message in self._consumer.consume(num_messages=10_000, timeout=0.2):
+                self._take(plan, message, ends, todo, malformed)
+        self._consumer.unassign()
+        if malformed:
+            log.warning(
+                "skipped %d malformed control record(s) on %s (first: %s)",
+                len(malformed),
+                topic,
+                malformed[0],
+            )
+
+    def _follow_ends(self, plan: Plan, ends: dict[str, int]) -> None:
+        """A partition whose log end went back (kafka_evidence rule 3: the control topic
+        was re-created or truncated) is read again from its start, and the epochs of a
+        new emitter history are taken as they come."""
+        for partition, end in ends.items():
+            plan.control.setdefault(partition, 0)
+            if kafka_evidence.log_end_went_back(end, plan.control[partition]):
+                log.warning(
+                    "control topic %s[%s] ends at %d, before this query's position %d: "
+                    "re-created? reading it again from its start",
+                    self.options.control_topic,
+                    partition,
+                    end,
+                    plan.control[partition],
+                )
+                plan.control[partition] = 0
+                plan.aligner.forget_epochs()
+                plan.count("control_went_back")
+
+    def _take(
+        self,
+        plan: Plan,
+        message: Any,
+        ends: dict[str, int],
+        todo: dict[str, int],
+        malformed: list[str],
+    ) -> None:
+        """One consumed message: a position moved, a partition done, a record taken."""
+        error = message.error()
+        partition = str(message.partition())
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                topic = self.options.control_topic
+                raise self.options.refused(
+                    error, f"read control topic {topic}", PLANNER_GROUP
+                ) or SourceError(f"reading control topic {topic}: {error}")
+            # Never past the ends this plan read up to: a record written since (after
+            # the ends) is read by the next plan, never skipped.
+            eof = min(message.offset(), ends[partition])
+            plan.control[partition] = max(plan.control[partition], eof)
+            if plan.control[partition] >= ends[partition]:
+                todo.pop(partition, None)
+            return
+        if message.offset() >= ends[partition]:
+            todo.pop(partition, None)
+            return
+        plan.control[partition] = message.offset() + 1
+        if plan.control[partition] >= ends[partition]:
+            todo.pop(partition, None)
+        self._take_record(plan, message, malformed)
+
+    def _take_record(self, plan: Plan, message: Any, malformed: list[str]) -> None:
+        try:
+            record = decode(message.key(), message.value())
+        except Tombstone:
+            plan.count("control_tombstones")  # compaction's deletion: not malformed
+            return
+        except MalformedControlRecord as reason:
+            plan.count("control_malformed")
+            malformed.append(f"{message.offset()}: {reason}")
+            return
+        if isinstance(record, Marker):
+            plan.count("markers_read")
+            self._offer(plan, record)
+
+    def _offer(self, plan: Plan, marker: Marker) -> None:
+        """Channels come from the broker, not from markers: a marker for a partition the
+        broker does not list (yet) is held aside, bounded, until it appears."""
+        channel_id = self._channel_of(marker)
+        if channel_id is None or channel_id in plan.aligner.partitions:
+            plan.aligner.offer(marker)  # (a topic not read here is rejected and counted)
+        elif len(plan.held) < MAX_HELD_MARKERS:
+            plan.held.append(marker.model_dump(mode="json"))
+        else:
+            plan.count("markers_held_dropped")
+
+    def release_held(self, plan: Plan) -> None:
+        """Held markers whose partition the broker now lists join their channel."""
+        still_held = []
+        for raw in plan.held:
+            marker = Marker.model_validate_json(json.dumps(raw))
+            if self._channel_of(marker) in plan.aligner.partitions:
+                plan.aligner.offer(marker)
+            else:
+                still_held.append(raw)
+        plan.held = still_held
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

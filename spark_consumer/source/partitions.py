@@ -1,0 +1,76 @@
+"""The plan's partitions follow the broker's (docs/source.md, "What production brings"):
+partitions that appear join as channels, partitions whose offsets went back follow
+failOnDataLoss, partitions gone from the broker leave as FINISHED.
+
+The broker room (``broker.py``) judges what happened from Kafka's answers; this room
+changes the plan and the aligner accordingly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Any
+
+from spark_consumer.alignment import PartitionBatch
+from spark_consumer.source.broker import BrokerView, PlannerBroker
+from spark_consumer.source.options import channel
+from spark_consumer.source.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+def follow(
+    plan: Plan, now: BrokerView, batch: dict[Any, PartitionBatch], broker: PlannerBroker
+) -> None:
+    """The plan's partitions made to match the broker's listing.
+
+    * A partition the broker lists that the plan does not (a new topic or partition)
+      starts at its earliest offset, as a new channel.
+    * Offsets that went back (the topic was re-created, or truncated): failOnDataLoss
+      stops the query (``broker.went_back`` raises), or the partition starts again at
+      its earliest offset; its last batch no longer counts.
+    """
+    went_back = broker.went_back(plan.data, now)
+    listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
+    new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
+    starts = broker.list_offsets(new + went_back, "earliest")
+    new_set = set(new)
+    for (topic, partition), offset in starts.items():
+        if (topic, partition) in new_set:
+            plan.data.setdefault(topic, {})[str(partition)] = offset  # a new range starts here
+            continue
+        # Offsets that went back (failOnDataLoss=false): read again from the earliest
+        # (one whose earliest is not known yet stands still until it is).
+        log.warning(
+            "data loss: %s[%d]'s offsets went back; reading again from %d (failOnDataLoss=false)",
+            topic,
+            partition,
+            offset,
+        )
+        plan.data[topic][str(partition)] = offset
+        plan.aligner.restart_at(channel(topic, partition), offset)
+        batch.pop(channel(topic, partition), None)
+        plan.count("offsets_went_back")
+    # (The aligner has a channel for every partition the plan reads: only new ones.)
+    positions: dict[Hashable, int] = {
+        channel(t, p): plan.data[t][str(p)] for t, p in new if str(p) in plan.data.get(t, {})
+    }
+    plan.aligner.ensure_partitions(positions, positions)
+
+
+def drop_vanished(plan: Plan, now: BrokerView, broker: PlannerBroker) -> None:
+    """Partitions the broker no longer lists (``broker.vanished``) leave the reading and
+    count as FINISHED, what the emitter's FINISHED@log_end says of a deleted topic."""
+    for topic, partition in broker.vanished(plan.data, now):
+        plan.data[topic].pop(str(partition))
+        if not plan.data[topic]:
+            del plan.data[topic]
+        plan.aligner.finish(channel(topic, partition))
+        plan.count("partitions_deleted")
+        log.warning(
+            "%s[%d] is gone from the broker (topic deleted or re-created with fewer "
+            "partitions): it counts as FINISHED",
+            topic,
+            partition,
+        )

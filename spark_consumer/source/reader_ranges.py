@@ -1,0 +1,150 @@
+"""A range being read on an executor, and records gone from under it: retention, a
+deleted or re-created topic (judged by ``slackwater.kafka_evidence``, as the planner
+and the emitter judge them), followed as the option failOnDataLoss says."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from slackwater import kafka_evidence
+from spark_consumer.source.options import SourceError, SourceOptions
+
+log = logging.getLogger("spark_consumer.source.readers")
+# Readers read by assignment and commit nothing; librdkafka still finds this group's
+# coordinator (docs/deploy.md's ACLs allow Describe on it).
+READER_GROUP = "slackwater-reader"
+# A range's partition: (topic, partition).
+Key = tuple[str, int]
+
+
+@dataclass
+class Reading:
+    """One range being read: the next offset to read, and records found gone."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    position: int = -1
+    lost: int = 0
+    # Answers in a row that its topic or partition does not exist.
+    missing: kafka_evidence.MissingAnswers = field(default_factory=kafka_evidence.MissingAnswers)
+    # When the position last moved (monotonic s): a range still for GONE_CHECK_S is
+    # asked after (are its records gone?).
+    moved_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.position = self.start
+        self.moved_at = time.monotonic()
+
+    def move_to(self, position: int) -> None:
+        if position > self.position:
+            self.position = position
+            self.moved_at = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
+
+
+def follow_gone(
+    consumer: Any,
+    options: SourceOptions,
+    open_ranges: dict[Key, Reading],
+    stalled: dict[Key, Any],
+) -> bool:
+    """Ranges whose records are gone move past them (failOnDataLoss=false) or stop the
+    query; a range that failed with its records there fails the task. One metadata
+    request per topic: while the broker cannot answer, nothing is asked per partition.
+    True if a range moved."""
+    moved = False
+    described: dict[str, Any] = {}
+    for key, failure in stalled.items():
+        current = open_ranges.get(key)
+        if current is None:
+            continue
+        if current.topic not in described:
+            described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
+        gone_until, missing = _gone_until(
+            consumer, current, described[current.topic], options.request_timeout_s
+        )
+        if current.missing.answer(missing):  # (kafka_evidence rule 2: told twice)
+            gone_until = current.end  # the topic or partition is gone, the range too
+        if gone_until is not None:
+            current.lost += _lose(options, current, gone_until)
+            current.move_to(gone_until)
+            moved = True
+            continue
+        if failure is not None:
+            raise options.refused(
+                failure, f"read topic {current.topic} (partition {current.partition})", READER_GROUP
+            ) or SourceError(
+                f"reading {current.topic}[{current.partition}] at {current.position}: {failure}"
+            )
+    if moved:
+        # Fetching starts again where each range now is (a partition whose records were
+        # out of range stopped fetching).
+        consumer.assign(
+            [TopicPartition(r.topic, r.partition, r.position) for r in open_ranges.values()]
+        )
+    return moved
+
+
+# What _describe answers when the broker cannot tell now.
+_CANNOT_TELL = object()
+
+
+def _describe(consumer: Any, topic: str, timeout_s: float) -> Any:
+    """The broker's metadata of one topic (None: not listed), or _CANNOT_TELL."""
+    try:
+        return consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException:
+        return _CANNOT_TELL
+
+
+def _gone_until(
+    consumer: Any, split: Reading, described: Any, timeout_s: float
+) -> tuple[int | None, bool | None]:
+    """Where the records gone from the range's position on end (``[position, x)``), or
+    None when they are there (kafka_evidence rule 4: retention moved the log start past
+    the position, or the offsets went back). And whether the broker says the topic (or
+    partition) does not exist (rule 1), which the caller believes only when told twice
+    (rule 2); None if it could not tell."""
+    if described is _CANNOT_TELL:
+        return None, None  # the broker cannot tell now: keep reading until the timeout
+    if kafka_evidence.partition_missing(described, split.partition):
+        # Nothing to ask of a partition the broker does not know: asking would wait for
+        # a leader until the timeout, or get an answer from a log on its way out.
+        return None, True
+    try:
+        log_start, log_end = consumer.get_watermark_offsets(
+            TopicPartition(split.topic, split.partition), timeout=timeout_s
+        )
+    except KafkaException:
+        return None, None
+    # The range was planned up to its end: records below it existed.
+    gone = kafka_evidence.records_gone(split.position, int(log_start), int(log_end), split.end)
+    if gone is kafka_evidence.Gone.RETENTION:
+        return min(int(log_start), split.end), False  # (or DeleteRecords)
+    if gone is kafka_evidence.Gone.WENT_BACK:
+        return split.end, False  # re-created or truncated: the rest is not coming
+    return None, False
+
+
+def _lose(options: SourceOptions, split: Reading, gone_until: int) -> int:
+    """failOnDataLoss: stop with one error, or count the gone records and go on."""
+    position = split.position
+    where = f"{split.topic}[{split.partition}] offsets {position} to {gone_until - 1}"
+    if options.fail_on_data_loss:
+        raise SourceError(
+            f"data loss: {where} are gone (retention, or the topic was deleted or "
+            "re-created) before this query read them; the option failOnDataLoss=false "
+            "goes on past them"
+        )
+    log.warning("data loss: %s are gone; skipped (failOnDataLoss=false)", where)
+    return gone_until - position
