@@ -25,6 +25,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from slackwater import kafka_evidence
 from slackwater.markers import TopicPartitionKey
 
 
@@ -39,8 +40,8 @@ class LogEndTimeline:
     def record(self, wall_ms: int, log_end_offset: int) -> None:
         if self.offsets and self.offsets[-1] == log_end_offset and self.wall_ms[-1] == wall_ms:
             return  # the same point again
-        if self.offsets and log_end_offset < self.offsets[-1]:
-            # The log went backwards (topic recreated): the old timeline means nothing now.
+        if self.offsets and kafka_evidence.log_end_went_back(log_end_offset, self.offsets[-1]):
+            # The log went back (topic re-created): the old timeline means nothing now.
             self.wall_ms.clear()
             self.offsets.clear()
         if (

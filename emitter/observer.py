@@ -24,7 +24,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from slackwater import kafka_clients, kafka_logging, list_offsets
+from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.list_offsets import LEADER_MOVED
 from slackwater.markers import TopicPartitionKey
 
@@ -169,17 +169,17 @@ class BrokerObserver:
         """Watched topics the metadata does not show, whose absence the broker did not
         confirm. A broker lists only the topics the principal may describe: the topics
         not listed are asked for by name (one request, only while some are missing), and
-        only UNKNOWN_TOPIC_OR_PART is a topic not there (not created yet, or deleted). A
-        refusal (an ACL taken away) or no answer is not: a deleted topic's partitions
-        become FINISHED, for good."""
+        only the broker's word is a topic not there (not created yet, or deleted;
+        kafka_evidence rule 1). A refusal (an ACL taken away) or no answer is not: a
+        deleted topic's partitions become FINISHED, for good."""
         answers = kafka_clients.asked_by_name(
             self._admin, kafka_clients.not_listed(metadata, watched), self._timeout_s
         )
         unseen: set[str] = set()
         problems: list[str] = []
         for topic, error in answers.items():
-            if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                continue  # not there
+            if kafka_evidence.says_topic_missing(error):
+                continue  # not there (kafka_evidence rule 1)
             unseen.add(topic)  # (or described just now: created in between, next poll)
             if error is not None:
                 problems.append(

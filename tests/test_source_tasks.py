@@ -216,3 +216,28 @@ def test_records_gone_from_one_range_of_a_task_leave_its_other_ranges_whole(
         assert (driven.counter("records_lost"), driven.counter("records")) == (5, 15)
     finally:
         driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_an_error_for_a_range_read_whole_loses_nothing_and_fails_nothing(
+    fail_on_data_loss: bool,
+) -> None:
+    """A consume call can bring a range's last records and then an error event for its
+    partition: the range is complete, so nothing of it is gone and no broker is asked
+    (the consumer here has no broker at all)."""
+    from confluent_kafka import KafkaError
+
+    from spark_consumer.source.reader_ranges import Reading, follow_gone
+
+    given = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:1",
+            "subscribe": "t",
+            "failOnDataLoss": str(fail_on_data_loss).lower(),
+        }
+    )
+    whole = Reading("t", 0, 0, 5)
+    whole.move_to(5)
+    error = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
+    assert follow_gone(None, given, {("t", 0): whole}, {("t", 0): error}) is False
+    assert (whole.position, whole.lost) == (5, 0)

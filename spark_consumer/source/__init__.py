@@ -2,10 +2,12 @@
 watermark (Flink's StatusWatermarkValve over the emitter's markers) handed to Spark as
 its own. Its face: what a job imports.
 
-Inside, one file per job: ``stream`` (the DataSource and ``read_stream``), ``options``,
-``planner`` (the driver's offsets and plan), ``offset`` (the checkpointed offset),
-``splits`` (a batch's tasks), ``readers`` (the executors' reading), ``reader_clients``,
-``progress`` (what readers report to the planner), ``event_time``, ``late_rows``,
+Inside, one file per job (docs/architecture.md draws them): ``stream`` (the DataSource
+and ``read_stream``), ``options``; on the driver ``planner`` (only what Spark calls),
+``broker`` (every broker question), ``progress_collector``, ``control_reader``,
+``partitions``, ``plan``; for both ``offset`` (the checkpointed offset), ``splits`` (a
+batch's tasks), ``progress`` (what readers report), ``event_time``, ``late_rows``; on the
+executors ``readers``, ``reader_ranges``, ``arrow_rows``, ``reader_clients``; and
 ``metrics``. The valve and the aligner beside it (``spark_consumer.valve``,
 ``spark_consumer.alignment``) are the pure core; ``spark_consumer.consume`` is an
 application on top.

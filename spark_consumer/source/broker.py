@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from slackwater.kafka_logging import once_per_interval
 from spark_consumer.source.offset import Offsets
 from spark_consumer.source.options import SOURCE_CLIENT, SourceError, SourceOptions
 
-log = logging.getLogger(__name__)
+# Under the planner's logger, whose lines these were before the planner had rooms.
+log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
 # How long a partition must be missing from the broker's metadata before it leaves.
 VANISHED_AFTER_S = 5.0
 # How long a log end must stay below the read position before the offsets count as gone
@@ -359,7 +360,3 @@ class PlannerBroker:
         would queue up otherwise)."""
         self.admin.poll(0)
         return kafka_logging.take_authentication_failure(self.client_name)
-
-
-def partitions_of(counts: dict[str, int]) -> Iterable[Key]:
-    return ((t, p) for t, count in counts.items() for p in range(count))

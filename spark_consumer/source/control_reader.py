@@ -19,7 +19,8 @@ from spark_consumer.source.broker import PLANNER_GROUP
 from spark_consumer.source.options import MAX_HELD_MARKERS, SourceError, SourceOptions
 from spark_consumer.source.plan import Plan
 
-log = logging.getLogger(__name__)
+# Under the planner's logger, whose lines these were before the planner had rooms.
+log = logging.getLogger("spark_consumer.source.planner").getChild("control_reader")
 
 
 class ControlReader:

@@ -63,6 +63,32 @@ def partitions_of(offset: SourceOffset) -> dict[str, tuple[str, int]]:
     }
 
 
+# The gauges of each query: name, help, labels after "query" (in the order of /metrics).
+_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "up": ("1 while the streaming query runs without failure.", ()),
+    "valve_watermark_ms": (
+        "The valve's output watermark planned last (ms since the epoch); Spark applies "
+        "it from the next batch on.",
+        (),
+    ),
+    "valve_status": ("1 for the valve's output status, 0 for the others.", ("status",)),
+    "partition_status": (
+        "1 for the partition's status at the source, 0 for the others.",
+        ("topic", "partition", "status"),
+    ),
+    "partition_watermark_ms": (
+        "Newest event time read on the partition minus the max out-of-orderness.",
+        ("topic", "partition"),
+    ),
+    "markers_pending": ("Markers waiting for the read position to reach their offset.", ()),
+    "progress_wait_seconds": ("How long the last planning waited for the readers' progress.", ()),
+    "markers_held": (
+        "Markers for partitions the broker does not list, held until they appear.",
+        (),
+    ),
+}
+
+
 class SourceCollector(Collector):
     """Metric families built per scrape from each query's last planned offset."""
 
@@ -70,45 +96,10 @@ class SourceCollector(Collector):
         self._queries = queries
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            PREFIX + "up", "1 while the streaming query runs without failure.", labels=["query"]
-        )
-        watermark = GaugeMetricFamily(
-            PREFIX + "valve_watermark_ms",
-            "The valve's output watermark planned last (ms since the epoch); Spark applies "
-            "it from the next batch on.",
-            labels=["query"],
-        )
-        status = GaugeMetricFamily(
-            PREFIX + "valve_status",
-            "1 for the valve's output status, 0 for the others.",
-            labels=["query", "status"],
-        )
-        partition_status = GaugeMetricFamily(
-            PREFIX + "partition_status",
-            "1 for the partition's status at the source, 0 for the others.",
-            labels=["query", "topic", "partition", "status"],
-        )
-        partition_watermark = GaugeMetricFamily(
-            PREFIX + "partition_watermark_ms",
-            "Newest event time read on the partition minus the max out-of-orderness.",
-            labels=["query", "topic", "partition"],
-        )
-        pending = GaugeMetricFamily(
-            PREFIX + "markers_pending",
-            "Markers waiting for the read position to reach their offset.",
-            labels=["query"],
-        )
-        held = GaugeMetricFamily(
-            PREFIX + "markers_held",
-            "Markers for partitions the broker does not list, held until they appear.",
-            labels=["query"],
-        )
-        progress_wait = GaugeMetricFamily(
-            PREFIX + "progress_wait_seconds",
-            "How long the last planning waited for the readers' progress.",
-            labels=["query"],
-        )
+        gauges = {
+            name: GaugeMetricFamily(PREFIX + name, help_text, labels=["query", *labels])
+            for name, (help_text, labels) in _GAUGES.items()
+        }
         counters = {
             name: CounterMetricFamily(PREFIX + name, help_text, labels=["query"])
             for name, help_text in _COUNTERS.items()
@@ -120,52 +111,42 @@ class SourceCollector(Collector):
         )
         for query in self._queries():
             name = query.name or str(query.id)
-            up.add_metric([name], 1.0 if query.isActive and query.exception() is None else 0.0)
+            running = query.isActive and query.exception() is None
+            gauges["up"].add_metric([name], 1.0 if running else 0.0)
             for offset in source_offsets(query):
-                self._add(
-                    offset,
-                    name,
-                    watermark=watermark,
-                    status=status,
-                    partition_status=partition_status,
-                    partition_watermark=partition_watermark,
-                )
-                aligner = offset.aligner
-                pending.add_metric([name], sum(len(row[-1]) for row in aligner["partitions"]))
-                progress_wait.add_metric([name], offset.progress_wait_ms / 1000)
-                held.add_metric([name], len(offset.held))
-                values = {**offset.counters, **aligner["counters"]}
+                _add_offset(offset, name, gauges)
+                aligner_counters = offset.aligner["counters"]
+                values = {**offset.counters, **aligner_counters}
                 for key, family in counters.items():
                     family.add_metric([name], float(values.get(key, 0)))
-                for reason, count in aligner["counters"]["markers_rejected"].items():
+                for reason, count in aligner_counters["markers_rejected"].items():
                     rejected.add_metric([name, reason], float(count))
-        yield from (up, watermark, status, partition_status, partition_watermark, pending)
-        yield progress_wait
-        yield held
+        yield from gauges.values()
         yield from counters.values()
         yield rejected
 
-    @staticmethod
-    def _add(
-        offset: SourceOffset,
-        name: str,
-        *,
-        watermark: GaugeMetricFamily,
-        status: GaugeMetricFamily,
-        partition_status: GaugeMetricFamily,
-        partition_watermark: GaugeMetricFamily,
-    ) -> None:
-        watermark.add_metric([name], float(offset.watermark))
-        for candidate in WatermarkStatus:
-            status.add_metric([name, candidate.value], float(candidate.value == offset.status))
-        for channel, (partition_state, channel_watermark) in partitions_of(offset).items():
-            topic, _, partition = channel.rpartition(":")
-            for marker_status in MarkerStatus:
-                partition_status.add_metric(
-                    [name, topic, partition, marker_status.value],
-                    float(marker_status.value == partition_state),
-                )
-            partition_watermark.add_metric([name, topic, partition], float(channel_watermark))
+
+def _add_offset(offset: SourceOffset, name: str, gauges: dict[str, GaugeMetricFamily]) -> None:
+    """One source's gauges, from its last planned offset."""
+    gauges["valve_watermark_ms"].add_metric([name], float(offset.watermark))
+    for candidate in WatermarkStatus:
+        gauges["valve_status"].add_metric(
+            [name, candidate.value], float(candidate.value == offset.status)
+        )
+    for channel, (partition_state, channel_watermark) in partitions_of(offset).items():
+        topic, _, partition = channel.rpartition(":")
+        for marker_status in MarkerStatus:
+            gauges["partition_status"].add_metric(
+                [name, topic, partition, marker_status.value],
+                float(marker_status.value == partition_state),
+            )
+        gauges["partition_watermark_ms"].add_metric(
+            [name, topic, partition], float(channel_watermark)
+        )
+    pending = sum(len(row[-1]) for row in offset.aligner["partitions"])
+    gauges["markers_pending"].add_metric([name], pending)
+    gauges["progress_wait_seconds"].add_metric([name], offset.progress_wait_ms / 1000)
+    gauges["markers_held"].add_metric([name], len(offset.held))
 
 
 # Counters kept in the offset (the source's own and the aligner's), cumulative across

@@ -313,53 +313,11 @@ def _encode_topic(
 def _decode_partitions(raw: Mapping[str, Any]) -> tuple[Offsets, Offsets, dict[str, Any]]:
     aligner = raw["aligner"]
     out_of_orderness = int(aligner["max_out_of_orderness_ms"])
-    data: Offsets = {}
-    data_from: Offsets = {}
-    partition_rows: list[list[Any]] = []
-    channel_rows: list[list[Any]] = []
+    decoded = _Decoded()
     for topic, columns in raw["topics"].items():
-        ends: list[int | None] = columns["end"]
-        count = len(ends)
-        partitions = columns.get("partitions", list(range(count)))
-        starts = _take(columns, "read", ends, count, sign=-1)
-        positions = _take(columns, "position", starts, count)
-        max_offsets = _take(columns, "max_offset", _minus_one(positions), count)
-        events = _take(columns, "event", [columns.get("event_base")] * count, count, default=None)
-        watermarks = _take(columns, "watermark", _watermark_refs(events, out_of_orderness), count)
-        epochs = _take(columns, "epoch", [columns.get("epoch_base")] * count, count)
-        idle = _take(columns, "idle_offset", positions, count, default=None)
-        last_data_refs = [columns.get("last_data_base")] * count
-        last_data = _take(columns, "last_data", last_data_refs, count, default=None)
-        statuses: str = columns["status"]
-        valve: str = columns.get("valve", statuses)
-        aligned: str = columns.get("aligned", "".join("1" if s == "A" else "0" for s in valve))
-        pending: dict[str, list[Any]] = columns.get("pending", {})
-        if not len(partitions) == len(statuses) == len(valve) == len(aligned) == count:
-            raise OffsetFormatError(f"offset columns of topic {topic!r} differ in length")
-        for i, partition in enumerate(partitions):
-            name = f"{topic}:{partition}"
-            end, start = ends[i], starts[i]
-            if end is not None and start is not None:
-                data.setdefault(topic, {})[str(partition)] = end
-                data_from.setdefault(topic, {})[str(partition)] = start
-            if statuses[i] != _NONE:
-                partition_rows.append(
-                    [
-                        name,
-                        _STATUS_NAMES[statuses[i]],
-                        positions[i],
-                        max_offsets[i],
-                        events[i],
-                        epochs[i],
-                        idle[i],
-                        last_data[i],
-                        pending.get(str(i), []),
-                    ]
-                )
-            if valve[i] != _NONE:
-                channel_rows.append(
-                    [name, watermarks[i], _STATUS_NAMES[valve[i]], aligned[i] == "1"]
-                )
+        _decode_topic(topic, columns, out_of_orderness, decoded)
+    data, data_from = decoded.data, decoded.data_from
+    partition_rows, channel_rows = decoded.partition_rows, decoded.channel_rows
     output_watermark, output_status = aligner["valve"]
     snapshot = {
         "topic": None,
@@ -374,6 +332,53 @@ def _decode_partitions(raw: Mapping[str, Any]) -> tuple[Offsets, Offsets, dict[s
         "partitions": partition_rows,
     }
     return data, data_from, snapshot
+
+
+@dataclass
+class _Decoded:
+    """What the offset's topics decode to: the offsets, and the aligner's rows."""
+
+    data: Offsets = field(default_factory=dict)
+    data_from: Offsets = field(default_factory=dict)
+    partition_rows: list[list[Any]] = field(default_factory=list)
+    channel_rows: list[list[Any]] = field(default_factory=list)
+
+
+def _decode_topic(
+    topic: str, columns: Mapping[str, Any], out_of_orderness: int, decoded: _Decoded
+) -> None:
+    ends: list[int | None] = columns["end"]
+    count = len(ends)
+    partitions = columns.get("partitions", list(range(count)))
+    starts = _take(columns, "read", ends, count, sign=-1)
+    positions = _take(columns, "position", starts, count)
+    max_offsets = _take(columns, "max_offset", _minus_one(positions), count)
+    events = _take(columns, "event", [columns.get("event_base")] * count, count, default=None)
+    watermarks = _take(columns, "watermark", _watermark_refs(events, out_of_orderness), count)
+    epochs = _take(columns, "epoch", [columns.get("epoch_base")] * count, count)
+    idle = _take(columns, "idle_offset", positions, count, default=None)
+    last_data_refs = [columns.get("last_data_base")] * count
+    last_data = _take(columns, "last_data", last_data_refs, count, default=None)
+    statuses: str = columns["status"]
+    valve: str = columns.get("valve", statuses)
+    aligned: str = columns.get("aligned", "".join("1" if s == "A" else "0" for s in valve))
+    pending: dict[str, list[Any]] = columns.get("pending", {})
+    if not len(partitions) == len(statuses) == len(valve) == len(aligned) == count:
+        raise OffsetFormatError(f"offset columns of topic {topic!r} differ in length")
+    for i, partition in enumerate(partitions):
+        name = f"{topic}:{partition}"
+        end, start = ends[i], starts[i]
+        if end is not None and start is not None:
+            decoded.data.setdefault(topic, {})[str(partition)] = end
+            decoded.data_from.setdefault(topic, {})[str(partition)] = start
+        if statuses[i] != _NONE:
+            status = _STATUS_NAMES[statuses[i]]
+            row = [name, status, positions[i], max_offsets[i], events[i], epochs[i], idle[i]]
+            decoded.partition_rows.append([*row, last_data[i], pending.get(str(i), [])])
+        if valve[i] != _NONE:
+            decoded.channel_rows.append(
+                [name, watermarks[i], _STATUS_NAMES[valve[i]], aligned[i] == "1"]
+            )
 
 
 # A column: values, the values they nearly always equal (their references), and the

@@ -143,75 +143,23 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
         lowered = {k.lower(): v for k, v in options.items()}
-        bootstrap = lowered.get("kafka.bootstrap.servers")
-        if not bootstrap:
-            raise SourceError("option 'kafka.bootstrap.servers' is required")
-        topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
-        pattern = lowered.get("subscribepattern") or None
-        if bool(topics) == bool(pattern):
-            raise SourceError("exactly one of the options 'subscribe' and 'subscribePattern'")
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise SourceError(f"option 'subscribePattern' is not a regex: {error}") from None
-        starting = lowered.get("startingoffsets", "earliest").lower()
-        if starting not in ("earliest", "latest"):
-            raise SourceError(f"option 'startingOffsets' must be earliest or latest: {starting!r}")
-        try:
-            out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
-        except ValueError as error:
-            raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
-        try:
-            delay_ms = parse_duration_ms(lowered.get("watermarkdelay", WATERMARK_DELAY_MS))
-        except ValueError as error:
-            raise SourceError(f"option 'watermarkDelay': {error}") from None
-        if not 1 <= delay_ms <= WATERMARK_DELAY_MS:
-            raise SourceError(
-                f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
-                f" {delay_ms} ms"
-            )
-        try:
-            late_rule = LateRule.parse(lowered.get("laterule", "late"))
-        except ValueError as error:
-            raise SourceError(f"option 'lateRule': {error}") from None
-        try:
-            idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
-        except ValueError as error:
-            raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
-        if idle_timeout_ms is not None and idle_timeout_ms < 1:
-            raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
-        max_per_trigger = lowered.get("maxoffsetspertrigger")
-        if max_per_trigger is not None and (
-            not max_per_trigger.isdigit() or int(max_per_trigger) < 1
-        ):
-            raise SourceError(
-                f"option 'maxOffsetsPerTrigger' must be a positive integer: {max_per_trigger!r}"
-            )
         kafka_config = {
             key[len("kafka.") :]: value
             for key, value in options.items()
             if key.lower().startswith("kafka.") and key.lower() != "kafka.bootstrap.servers"
         }
         return cls(
-            bootstrap_servers=bootstrap,
-            topics=topics,
-            topic_pattern=pattern,
+            **_subscription_options(lowered),
+            **_watermark_options(lowered),
             control_topic=lowered.get("controltopic") or None,
-            max_out_of_orderness_ms=out_of_orderness_ms,
             event_time_field=lowered.get("eventtimefield") or None,
-            starting_offsets=starting,
-            max_offsets_per_trigger=int(max_per_trigger) if max_per_trigger else None,
             kafka_config=kafka_config,
             progress_timeout_s=float(lowered.get("progresstimeoutms", "120000")) / 1000,
             request_timeout_s=float(lowered.get("requesttimeoutms", "30000")) / 1000,
             read_timeout_s=float(lowered.get("readtimeoutms", "60000")) / 1000,
             max_records_per_arrow_batch=int(lowered.get("maxrecordsperarrowbatch", "50000")),
-            watermark_delay_ms=delay_ms,
             late_output=lowered.get("lateoutput") or None,
-            late_rule=late_rule,
             progress_topic_name=lowered.get("progresstopic") or None,
-            consumer_idle_timeout_ms=idle_timeout_ms,
             **_production_options(lowered),
             **_task_options(lowered),
         )
@@ -261,6 +209,70 @@ class SourceOptions:
         if self.topic_pattern is not None:
             return re.fullmatch(self.topic_pattern, topic) is not None
         return topic in self.topics
+
+
+def _subscription_options(lowered: dict[str, str]) -> dict[str, Any]:
+    """What to read, from where: as Spark's Kafka source spells it."""
+    bootstrap = lowered.get("kafka.bootstrap.servers")
+    if not bootstrap:
+        raise SourceError("option 'kafka.bootstrap.servers' is required")
+    topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
+    pattern = lowered.get("subscribepattern") or None
+    if bool(topics) == bool(pattern):
+        raise SourceError("exactly one of the options 'subscribe' and 'subscribePattern'")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise SourceError(f"option 'subscribePattern' is not a regex: {error}") from None
+    starting = lowered.get("startingoffsets", "earliest").lower()
+    if starting not in ("earliest", "latest"):
+        raise SourceError(f"option 'startingOffsets' must be earliest or latest: {starting!r}")
+    max_per_trigger = lowered.get("maxoffsetspertrigger")
+    if max_per_trigger is not None and (not max_per_trigger.isdigit() or int(max_per_trigger) < 1):
+        raise SourceError(
+            f"option 'maxOffsetsPerTrigger' must be a positive integer: {max_per_trigger!r}"
+        )
+    return {
+        "bootstrap_servers": bootstrap,
+        "topics": topics,
+        "topic_pattern": pattern,
+        "starting_offsets": starting,
+        "max_offsets_per_trigger": int(max_per_trigger) if max_per_trigger else None,
+    }
+
+
+def _watermark_options(lowered: dict[str, str]) -> dict[str, Any]:
+    """How the watermark is made and handed to Spark, and how late rows are judged."""
+    try:
+        out_of_orderness_ms = parse_duration_ms(lowered.get("maxoutoforderness", "0s"))
+    except ValueError as error:
+        raise SourceError(f"option 'maxOutOfOrderness': {error}") from None
+    try:
+        delay_ms = parse_duration_ms(lowered.get("watermarkdelay", WATERMARK_DELAY_MS))
+    except ValueError as error:
+        raise SourceError(f"option 'watermarkDelay': {error}") from None
+    if not 1 <= delay_ms <= WATERMARK_DELAY_MS:
+        raise SourceError(
+            f"option 'watermarkDelay' must be between 1 ms and {WATERMARK_DELAY_DAYS} days:"
+            f" {delay_ms} ms"
+        )
+    try:
+        late_rule = LateRule.parse(lowered.get("laterule", "late"))
+    except ValueError as error:
+        raise SourceError(f"option 'lateRule': {error}") from None
+    try:
+        idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
+    except ValueError as error:
+        raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
+    if idle_timeout_ms is not None and idle_timeout_ms < 1:
+        raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
+    return {
+        "max_out_of_orderness_ms": out_of_orderness_ms,
+        "watermark_delay_ms": delay_ms,
+        "late_rule": late_rule,
+        "consumer_idle_timeout_ms": idle_timeout_ms,
+    }
 
 
 def _task_options(lowered: dict[str, str]) -> dict[str, Any]:

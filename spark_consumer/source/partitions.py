@@ -17,7 +17,8 @@ from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.options import channel
 from spark_consumer.source.plan import Plan
 
-log = logging.getLogger(__name__)
+# Under the planner's logger, whose lines these were before the planner had rooms.
+log = logging.getLogger("spark_consumer.source.planner").getChild("partitions")
 
 
 def follow(

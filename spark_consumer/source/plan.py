@@ -113,8 +113,12 @@ class PlanMemory:
     def returned(
         self, offset: SourceOffset, aligner: MarkerAligner | None = None
     ) -> dict[str, Any]:
-        self._last = (offset, aligner)
+        """``offset`` as Spark takes it, kept with the aligner state it holds."""
+        self.keep(offset, aligner)
         return offset.encode()
+
+    def keep(self, offset: SourceOffset, aligner: MarkerAligner | None) -> None:
+        self._last = (offset, aligner)
 
     def aligner(
         self, offset: SourceOffset, channel_of: Callable[[Marker], str | None]

@@ -60,9 +60,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
     a replay plans the same batch and a restart continues from it.
     """
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, broker: PlannerBroker | None = None) -> None:
         self.options = options
-        self.broker = PlannerBroker(options)
+        # The view of the broker every room plans on (a test's may answer otherwise).
+        self.broker = broker or PlannerBroker(options)
         self.control = ControlReader(options, self.broker.consumer, self._channel_of)
         self.progress = ProgressCollector(options, self.broker)
         self._memory = PlanMemory()
@@ -150,20 +151,21 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
         )
         if same_batch(start, offset):
-            self._memory.returned(start, plan.aligner)  # still start's state
+            self._memory.keep(start, plan.aligner)  # still start's state
             return start_json  # nothing new: no batch
         return self._memory.returned(offset, plan.aligner)
 
     def partitions(
         self, start: dict[str, Any], end_json: dict[str, Any]
     ) -> Sequence[InputPartition]:
+        end = self._memory.decoded(end_json)
         if not self._progress_topic_checked:
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
             with contextlib.suppress(KafkaException):
                 self.broker.ensure_progress_topic()
             self._progress_topic_checked = True
-        tasks, synthetic = batch_tasks(self.options, self._memory.decoded(end_json))
+        tasks, synthetic = batch_tasks(self.options, end)
         return [*tasks, synthetic] if synthetic is not None else tasks
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

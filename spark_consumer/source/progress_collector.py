@@ -29,7 +29,8 @@ from spark_consumer.source.plan import Plan
 from spark_consumer.source.progress import Progress
 from spark_consumer.source.splits import SyntheticPartition, TaskPartition, batch_tasks
 
-log = logging.getLogger(__name__)
+# Under the planner's logger, whose lines these were before the planner had rooms.
+log = logging.getLogger("spark_consumer.source.planner").getChild("progress_collector")
 # A progress record's task: the reader task's split, or the batch's synthetic row.
 Task = TaskPartition | SyntheticPartition
 # Each range's progress by partition, and the batch's synthetic row's under ("", -1).

@@ -66,8 +66,8 @@ def follow_gone(
     described: dict[str, Any] = {}
     for key, failure in stalled.items():
         current = open_ranges.get(key)
-        if current is None:
-            continue
+        if current is None or current.done:
+            continue  # read whole (in the consume call that brought the error): nothing lost
         if current.topic not in described:
             described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
         gone_until, missing = _gone_until(
