@@ -81,6 +81,9 @@ class BrokerObserver:
         self._admin = admin
         self._kafka_config = kafka_config or {}  # whose rights: named in a refusal
         self._timeout_s = request_timeout_s
+        # How long an answer is waited for: past the request timeout, by which
+        # librdkafka answers (kafka_clients.answer_wait_s says why).
+        self._wait_s = kafka_clients.answer_wait_s(request_timeout_s)
         self._metadata_interval_s = metadata_interval_s
         self._monotonic_s = monotonic_s
         self._batch = batch_partitions
@@ -214,7 +217,7 @@ class BrokerObserver:
         for future in pending:
             if future is None:
                 continue
-            results = _result(future, self._timeout_s)
+            results = _result(future, self._wait_s)
             if isinstance(results, BaseException):
                 failures += 1
                 errors["list_offsets"] = str(results)
@@ -237,7 +240,7 @@ class BrokerObserver:
         committed: dict[TopicPartitionKey, int] = {}
         for futures in pending:
             result = (
-                _result(futures[group], self._timeout_s)
+                _result(futures[group], self._wait_s)
                 if futures is not None
                 else KafkaException("not sent")
             )
@@ -256,7 +259,7 @@ class BrokerObserver:
     ) -> dict[str, list[TopicPartitionKey]] | None:
         if futures is None:
             return None
-        result = _result(futures[group], self._timeout_s)
+        result = _result(futures[group], self._wait_s)
         if isinstance(result, BaseException):
             errors["describe_group"] = str(result)
             return None

@@ -18,6 +18,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from slackwater.kafka_logging import client_logging
 
 
+def answer_wait_s(request_timeout_s: float) -> float:
+    """How long to wait for the future of an Admin request sent with
+    ``request_timeout_s``. librdkafka resolves it by then, with the answer or an error
+    per partition; waiting exactly that long races its own timeout and loses the answer.
+    Seen with a leader SIGKILLed on three nodes: ListOffsets answered at its timeout, the
+    emitter lost every partition's log end (not only the dead leader's) at every poll,
+    and the planner raised TimeoutError, which ended the query. Twice as long leaves the
+    answer room on a busy machine: librdkafka's answer ends the wait, not our clock."""
+    return 2 * request_timeout_s
+
+
 def client_settings(
     name: str,
     bootstrap_servers: str,
@@ -106,7 +117,7 @@ def asked_by_name(
     if not names:
         return {}
     futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
-    concurrent.futures.wait(list(futures.values()), timeout=timeout_s)
+    concurrent.futures.wait(list(futures.values()), timeout=answer_wait_s(timeout_s))
     answers: dict[str, KafkaError | None] = {}
     for name, future in futures.items():
         if not future.done():
@@ -136,7 +147,7 @@ def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
     by another client since we looked). Any other failure raises KafkaException."""
     future = admin.create_topics([topic], request_timeout=timeout_s)[topic.topic]
     try:
-        future.result(timeout=timeout_s)
+        future.result(timeout=answer_wait_s(timeout_s))
     except KafkaException as error:
         if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False

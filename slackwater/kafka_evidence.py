@@ -3,7 +3,9 @@ written once (docs/semantics.md, "Kafka's evidence").
 
 The emitter, the source's planner and its readers ask the broker different questions,
 through different clients; they judge the answers by these rules alone, so that a rule
-changes in one place. Each rule is numbered as in docs/semantics.md.
+changes in one place. Each rule is numbered as in docs/semantics.md (rule 5, "unknown is
+not an offset", is applied first wherever an answer is read: ``list_offsets`` turns it
+into the error it is).
 
 A position is the next offset to read; ``known_end`` is a log end this side has seen
 (or read up to) before, so records below it existed.
@@ -32,6 +34,8 @@ _MISSING_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 _MISSING_TOPIC_EVENTS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
+
+
 # Rule 2: believe that a topic (or partition) does not exist only when told so this many
 # times in a row: a broker just behind on metadata says so once of a topic that exists.
 TOLD_IN_A_ROW = 2
@@ -88,8 +92,8 @@ def log_end_went_back(log_end: int, known_end: int) -> bool:
     """Rule 3: a log end below one seen before means the offsets went back (a re-created
     or truncated topic). Kafka's log end never moves down otherwise; a new leader whose
     high watermark is still behind answers OFFSET_NOT_AVAILABLE (KIP-207), not a lower
-    end."""
-    return log_end < known_end
+    end. An unknown log end (rule 5) is not a lower one."""
+    return known_offset(log_end) and log_end < known_end
 
 
 def records_gone(position: int, log_start: int, log_end: int, known_end: int) -> Gone | None:
@@ -99,9 +103,22 @@ def records_gone(position: int, log_start: int, log_end: int, known_end: int) ->
     * RETENTION: ``[position, log_start)`` is gone, the records after it are there.
     * WENT_BACK: ``[position, known_end)`` is gone; the log ends at or before the
       position (so nothing there is to be read) and below where records were seen.
+
+    An unknown log start or end (rule 5) tells nothing: None.
     """
+    if not (known_offset(log_start) and known_offset(log_end)):
+        return None
     if log_start > position:
         return Gone.RETENTION
     if log_end <= position and log_end_went_back(log_end, known_end):
         return Gone.WENT_BACK
     return None
+
+
+def known_offset(offset: int) -> bool:
+    """Rule 5: an offset Kafka did not give is not an offset. librdkafka answers its
+    logical offsets where it has no answer (-1001 "invalid": no leader reached, a request
+    not sent; -1 end; -2 beginning), for the specs slackwater asks (earliest, latest) and
+    for a consumer's watermarks: never a log end, a log start or a position to judge
+    by."""
+    return offset >= 0

@@ -18,6 +18,8 @@ from typing import Any
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ListOffsetsResultInfo, OffsetSpec
 
+from slackwater import kafka_clients, kafka_evidence
+
 log = logging.getLogger(__name__)
 
 # The confluent-kafka releases whose private C method we have checked (its signature and
@@ -87,11 +89,27 @@ def submit(
     answers: dict[tuple[str, int], Any] = {}
     for tp, one in futures.items():
         try:
-            answers[(tp.topic, tp.partition)] = one.result(timeout=timeout_s).offset
+            answers[(tp.topic, tp.partition)] = one.result(
+                timeout=kafka_clients.answer_wait_s(timeout_s)
+            ).offset
         except KafkaException as error:
             answers[(tp.topic, tp.partition)] = error.args[0]
-    result.set_result(answers)
+    result.set_result(_unknown_as_errors(answers))
     return result
+
+
+def answers(
+    future: Future[dict[tuple[str, int], Any]], timeout_s: float
+) -> dict[tuple[str, int], Any]:
+    """The answers of a ``submit`` made with ``timeout_s``, waited for as long as
+    librdkafka may take (kafka_clients.answer_wait_s); none by then is a KafkaException
+    (_TIMED_OUT), what its callers already take for a broker that did not answer."""
+    try:
+        return future.result(timeout=kafka_clients.answer_wait_s(timeout_s))
+    except TimeoutError:
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, f"no ListOffsets answer within {timeout_s:.0f}s")
+        ) from None
 
 
 def _by_key(raw: Future[dict[TopicPartition, Any]]) -> Future[dict[tuple[str, int], Any]]:
@@ -109,10 +127,29 @@ def _by_key(raw: Future[dict[TopicPartition, Any]]) -> Future[dict[tuple[str, in
             answers[(tp.topic, tp.partition)] = (
                 answer.offset if type(answer) is ListOffsetsResultInfo else _error(answer)
             )
-        keyed.set_result(answers)
+        keyed.set_result(_unknown_as_errors(answers))
 
     raw.add_done_callback(done)
     return keyed
+
+
+def _unknown_as_errors(answers: dict[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
+    """Every answer that is not an offset Kafka gave (kafka_evidence rule 5) becomes the
+    error it is: librdkafka answers -1001 for a partition whose leader it cannot reach
+    (seen while a leader was SIGKILLed), and the emitter once proposed IDLE@-1001. It is
+    LEADER_NOT_AVAILABLE: retriable (the planner asks again, or waits for the next
+    trigger), and a leader error (the emitter fetches metadata before its next poll)."""
+    unknown = [
+        key
+        for key, answer in answers.items()
+        if type(answer) is int and not kafka_evidence.known_offset(answer)
+    ]
+    for key in unknown:
+        answers[key] = KafkaError(
+            KafkaError.LEADER_NOT_AVAILABLE,
+            f"no offset in the answer ({answers[key]}): unknown, not an offset",
+        )
+    return answers
 
 
 def _error(answer: Any) -> Any:

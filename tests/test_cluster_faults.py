@@ -11,6 +11,7 @@ lost node loses no acknowledged write; losing two stops writes acknowledged by a
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -23,12 +24,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from emitter.control_topic import ControlTopicWriter
 from emitter.observer import BrokerObserver
 from slackwater.kafka_clients import refresh_leaders
 from slackwater.kafka_cluster import KafkaCluster
 from slackwater.markers import FinishRequest, Marker, MarkerStatus
+from spark_consumer.source.offset import SourceOffset
 from spark_consumer.source.options import SourceOptions
 from spark_consumer.source.planner import SlackwaterStreamReader
 from tests.cluster_harness import (
@@ -419,3 +422,74 @@ def _poll_errors(running: RunningEmitter) -> float:
         for name, _labels, value in parsed_samples(running.metrics_text())
         if name == "slackwater_emitter_poll_errors_total"
     )
+
+
+def test_a_dead_leaders_unknown_log_end_is_never_an_offset_for_the_emitter(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    """librdkafka answers ListOffsets for a partition whose leader is dead with -1001
+    and no error, at the request's timeout (kafka_evidence rule 5). The emitter once took
+    it for a log end (IDLE@-1001 failed every poll), and waited for the answer exactly
+    as long as the request took, losing every partition's log end at every poll."""
+    cluster = all_nodes_running
+    never_on_its_own = {"topic.metadata.refresh.interval.ms": "-1"}
+    observer = BrokerObserver(
+        AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **never_on_its_own}),
+        5.0,
+        metadata_interval_s=3600.0,  # only a leader error makes it fetch metadata
+    )
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    topic = replicated_topic(admin, partitions=6)
+    everything = {(topic, p): 0 for p in range(6)}
+    # (A node started again by the test before may not answer for the new topic yet.)
+    wait_until(
+        lambda: observer.observe([topic], None).log_end_offsets == everything,
+        FAULT_DEADLINE_S,
+        "every log end before the kill",
+    )
+    leaders = {p: leader_of(admin, topic, p) for p in range(6)}
+    cluster.node(leaders[0]).kill()
+    led_elsewhere = {(topic, p): 0 for p, leader in leaders.items() if leader != leaders[0]}
+
+    first = observer.observe([topic], None)
+    assert all(end >= 0 for end in first.log_end_offsets.values()), first.log_end_offsets
+    # The partitions the dead node did not lead keep their log ends; its own are left
+    # out, as a leader error (the next poll fetches metadata first).
+    assert led_elsewhere.items() <= first.log_end_offsets.items(), first
+    if first.log_end_offsets != everything:
+        assert "LEADER_NOT_AVAILABLE" in first.errors["list_offsets"], first.errors
+    wait_until(
+        lambda: observer.observe([topic], None).log_end_offsets == everything,
+        FAULT_DEADLINE_S,
+        "every log end through the new leaders",
+    )
+
+
+def test_a_plan_while_a_leader_is_dead_neither_fails_nor_reads_a_wrong_end(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    """The planner's ListOffsets meets the dead leader at its request timeout: the plan
+    once raised TimeoutError there (a query on Spark ended). Now the partitions it led
+    stand still until their new leaders answer, and the others plan on."""
+    cluster = all_nodes_running
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    topic = replicated_topic(admin, partitions=6)
+    given = options(cluster.bootstrap_servers, topic, None, requestTimeoutMs="5000")
+    planner = SlackwaterStreamReader(SourceOptions.parse(given))
+    try:
+        start = json.loads(json.dumps(planner.initialOffset()))
+        cluster.node(leader_of(admin, topic, 0)).kill()
+        producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+        for partition in range(6):
+            producer.produce(topic, b"{}", partition=partition)
+        assert producer.flush(FAULT_DEADLINE_S) == 0  # through the new leaders
+
+        def planned_every_record() -> dict[str, int] | None:
+            end = planner.latestOffset(start, ReadAllAvailable())  # never raises
+            ends = SourceOffset.decode(end).data[topic]
+            assert set(ends.values()) <= {0, 1}, ends  # never -1001, never past the log
+            return ends if set(ends.values()) == {1} else None
+
+        wait_until(planned_every_record, FAULT_DEADLINE_S, "a plan of every new record")
+    finally:
+        planner.stop()

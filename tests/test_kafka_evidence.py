@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from slackwater.kafka_evidence import (
     Gone,
     MissingAnswers,
+    known_offset,
     log_end_went_back,
     missing_topic_event,
     partition_missing,
@@ -119,6 +120,21 @@ def test_rule_4_a_reader_caught_up_with_the_log_loses_nothing() -> None:
     assert records_gone(position=20, log_start=0, log_end=20, known_end=20) is None
 
 
+# ------------------------------------------------------------ rule 5
+
+
+def test_rule_5_an_offset_kafka_did_not_give_is_not_an_offset() -> None:
+    assert known_offset(0) and known_offset(12)
+    for logical in (-1001, -1, -2):  # librdkafka's invalid, end, beginning
+        assert not known_offset(logical)
+
+
+def test_rule_5_an_unknown_log_end_never_went_back_and_loses_nothing() -> None:
+    assert not log_end_went_back(-1001, 234)
+    assert records_gone(position=234, log_start=0, log_end=-1001, known_end=300) is None
+    assert records_gone(position=234, log_start=-1001, log_end=-1001, known_end=300) is None
+
+
 offsets = st.integers(min_value=0, max_value=1_000)
 
 
@@ -149,3 +165,12 @@ def test_records_are_gone_exactly_when_the_rule_says(
         assert gone is Gone.WENT_BACK
     else:
         assert gone is None
+
+
+@given(offsets, st.one_of(offsets, st.just(-1001)), st.one_of(offsets, st.just(-1001)), offsets)
+def test_an_unknown_answer_never_makes_records_gone(
+    position: int, log_start: int, log_end: int, known_end: int
+) -> None:
+    """Rule 5 over rule 4: with either end unknown, nothing is gone."""
+    if log_start < 0 or log_end < 0:
+        assert records_gone(position, log_start, log_end, known_end) is None

@@ -199,12 +199,15 @@ class PlannerBroker:
             if self.options.read_committed
             else IsolationLevel.READ_UNCOMMITTED
         )
-        answers = list_offsets.submit(
-            self.admin,
-            list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
-            timeout_s=self._timeout_s,
-            isolation_level=isolation,
-        ).result(timeout=self._timeout_s)
+        answers = list_offsets.answers(
+            list_offsets.submit(
+                self.admin,
+                list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
+                timeout_s=self._timeout_s,
+                isolation_level=isolation,
+            ),
+            self._timeout_s,
+        )
         offsets: dict[Key, int] = {}
         not_ready: dict[Key, str] = {}
         for (topic, partition), answer in answers.items():

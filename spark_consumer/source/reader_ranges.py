@@ -127,6 +127,8 @@ def _gone_until(
         )
     except KafkaException:
         return None, None
+    if not (kafka_evidence.known_offset(log_start) and kafka_evidence.known_offset(log_end)):
+        return None, None  # librdkafka has no answer (kafka_evidence rule 5)
     # The range was planned up to its end: records below it existed.
     gone = kafka_evidence.records_gone(split.position, int(log_start), int(log_end), split.end)
     if gone is kafka_evidence.Gone.RETENTION:
