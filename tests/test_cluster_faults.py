@@ -479,6 +479,8 @@ def test_a_plan_while_a_leader_is_dead_neither_fails_nor_reads_a_wrong_end(
     try:
         start = json.loads(json.dumps(planner.initialOffset()))
         cluster.node(leader_of(admin, topic, 0)).kill()
+        # At once, while the planner's client still knows the dead node as a leader.
+        assert planner.latestOffset(start, ReadAllAvailable()) == start  # nothing new
         producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
         for partition in range(6):
             producer.produce(topic, b"{}", partition=partition)
