@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from slackwater.cli import Commands
@@ -42,6 +43,21 @@ def add_broker_command(commands: Commands, name: str) -> None:
     broker.set_defaults(run=run_broker)
 
 
+def _say_node_lost(cluster: KafkaCluster) -> Callable[[KafkaBroker, int, int], None]:
+    """One line per node lost while the others keep a quorum and serve on."""
+
+    def say(node: KafkaBroker, code: int, running: int) -> None:
+        print(
+            f"slackwater broker: node {node.node_id} exited with code {code}; "
+            f"{running} of {len(cluster.nodes)} nodes serve on (a quorum needs "
+            f"{cluster.majority})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
+
+
 def run_broker(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, raise_stop)
     log_dir = Path(args.log_dir) if args.log_dir else None
@@ -69,8 +85,18 @@ def run_broker(args: argparse.Namespace) -> int:
             f"log: {logs}",
             flush=True,
         )
-        code = broker.wait()
-        print(f"broker exited with code {code}", file=sys.stderr)
+        if isinstance(broker, KafkaBroker):
+            code = broker.wait()
+            print(f"slackwater broker: the broker exited with code {code}", file=sys.stderr)
+            return 1
+        node, code = broker.wait(_say_node_lost(broker))
+        running = sum(other.running for other in broker.nodes)
+        print(
+            f"slackwater broker: node {node.node_id} exited with code {code}; {running} of "
+            f"{len(broker.nodes)} nodes left, no quorum (it needs {broker.majority}): stopping",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except (KeyboardInterrupt, Stop):
         print("stopping broker", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ which is how the tests lose a broker.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -149,13 +149,31 @@ class KafkaCluster:
             )
         admin.delete_topics([_READY_TOPIC])[_READY_TOPIC].result(timeout_s)
 
-    def wait(self) -> int:
-        """Blocks until a node's process exits; returns its exit code."""
+    @property
+    def majority(self) -> int:
+        """Nodes the controllers' quorum needs: a cluster with fewer cannot serve."""
+        return len(self.nodes) // 2 + 1
+
+    def wait(
+        self, lost: Callable[[KafkaBroker, int, int], None] | None = None
+    ) -> tuple[KafkaBroker, int]:
+        """Blocks while the cluster can serve: until fewer than a majority of its nodes
+        run (three nodes serve on without one, as a production cluster does). Each node
+        lost before then is told to ``lost`` (the node, its exit code, the nodes still
+        running); returns the node whose loss ended the quorum, and its exit code."""
+        gone: set[int] = set()
         while True:
             for node in self.nodes:
-                if not node.running:
-                    return node.wait()
-            time.sleep(0.5)
+                if node.node_id in gone or node.running:
+                    continue
+                gone.add(node.node_id)
+                code = node.wait()
+                running = len(self.nodes) - len(gone)
+                if running < self.majority:
+                    return node, code
+                if lost is not None:
+                    lost(node, code, running)
+            time.sleep(0.5)  # (a process's exit is looked for, not waited out)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM to every node at once (controlled shutdowns while the quorum still has
@@ -167,7 +185,7 @@ class KafkaCluster:
         crash its log recovers from at the next start."""
         for node in self.nodes:
             node.terminate()
-        majority = len(self.nodes) // 2 + 1
+        majority = self.majority
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             running = sum(node.running for node in self.nodes)

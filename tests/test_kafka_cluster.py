@@ -123,6 +123,63 @@ def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing(
                 process.kill()
 
 
+def _node_listening_on(children: list[psutil.Process], port: int) -> psutil.Process:
+    """The node's JVM among the command's children: the one listening on ``port``."""
+    for child in children:
+        try:
+            connections = child.net_connections("tcp")
+        except psutil.NoSuchProcess:
+            continue  # a node killed before
+        if port in {c.laddr.port for c in connections if c.status == "LISTEN"}:
+            return child
+    raise AssertionError(f"no node listens on {port}")
+
+
+def test_cli_broker_with_three_nodes_serves_on_without_one_and_stops_without_a_quorum() -> None:
+    """What docs/deploy.md says a cluster of three does: one node SIGKILLed is one line,
+    and writes acknowledged by all in-sync replicas go on; a second one lost leaves no
+    quorum, and the command stops the last node and exits 1, saying so in one line."""
+    port = _consecutive_free_ports(3)
+    process = subprocess.Popen(
+        [*SLACKWATER, "broker", "--nodes", "3", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        first_line = process.stdout.readline()
+        bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
+        assert f"bootstrap servers: {bootstrap};" in first_line
+        children = [
+            p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "java"
+        ]
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topic = replicated_topic(admin)
+        _node_listening_on(children, port + 1).kill()  # node 2
+        lost = process.stderr.readline().strip()
+        assert lost.startswith("slackwater broker: node 2 exited with code -9; "), lost
+        assert lost.endswith("2 of 3 nodes serve on (a quorum needs 2)"), lost
+        assert process.poll() is None  # still serving
+        assert _write(bootstrap, topic, b"after one node", 60) is None
+        _node_listening_on(children, port + 2).kill()  # node 3
+        assert process.wait(timeout=120) == 1
+        last = process.stderr.read().strip().splitlines()
+        assert last == [
+            "slackwater broker: node 3 exited with code -9; 1 of 3 nodes left, no quorum "
+            "(it needs 2): stopping"
+        ]
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive  # node 1 stopped with the command
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
 @pytest.mark.parametrize("host", ["256.1.1.1", "no-such-host.invalid"])
 @pytest.mark.parametrize("nodes", ["1", "3"])
 def test_cli_broker_on_a_host_it_cannot_listen_on_is_one_line(host: str, nodes: str) -> None:
