@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source import partitions as broker_partitions
-from spark_consumer.source.broker import PlannerBroker
+from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.control_reader import ControlReader
 from spark_consumer.source.offset import Offsets, SourceOffset
 from spark_consumer.source.options import SourceOptions, channel
@@ -69,6 +69,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._memory = PlanMemory()
         # Whether this reader has planned yet: its first plan restores a checkpoint.
         self._planned = False
+        # Whether the broker did not answer a plan since the last plan it answered.
+        self._blind = False
         # Whether partitions() made sure the progress topic exists (a replay after a
         # restart runs before any plan).
         self._progress_topic_checked = False
@@ -113,11 +115,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             now = self.broker.observe(start.data.keys())  # 1. look at the broker
         except KafkaException as error:
             self.broker.unreachable(error)
+            self._blind = True
             return start_json  # no batch while the broker is away; the query keeps running
         self.broker.authentication_failure()  # the broker answered: one before is history
         if nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start_json  # the common idle trigger: no state to restore or write
-        plan = self._restore(start)
+        plan = self._restore(start, now)
         # 2. The previous batch's progress; its end offsets are now the read positions.
         batch, start_batch_id = self.progress.collect(start, plan)
         # 3. Partitions that appeared join as channels (with the markers held for them),
@@ -200,12 +203,21 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 self.broker.unreachable(error)
                 time.sleep(1.0)
 
-    def _restore(self, offset: SourceOffset) -> Plan:
+    def _restore(self, offset: SourceOffset, now: BrokerView) -> Plan:
         aligner = self._memory.aligner(offset, self._channel_of)
-        if not self._planned:
-            # This reader's first plan: the query (re)started from its checkpoint.
+        # Idle clocks count only time in which the broker was seen (semantics.md §6):
+        # this reader's first plan (the query was down), the first since the broker did
+        # not answer, and partitions whose log end it did not give start theirs again.
+        if not self._planned or self._blind:
             aligner.restart_idle_clocks()
-            self._planned = True
+            self._planned, self._blind = True, False
+        elif self.options.consumer_idle_timeout_ms is not None:
+            aligner.restart_idle_clocks(
+                channel(t, p)
+                for t, partitions in offset.data.items()
+                for p in partitions
+                if (t, int(p)) not in now.latest
+            )
         # The option as the query runs now (it may have changed since the checkpoint).
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         return plan_of(offset, aligner)
