@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from slackwater import kafka_clients
+from slackwater import kafka_clients, kafka_evidence
 from slackwater.list_offsets import retriable
 from slackwater.markers import (
     ControlRecord,
@@ -150,7 +150,12 @@ class ControlTopicReader:
         while True:
             try:
                 _, high = self._consumer.get_watermark_offsets(partition, timeout=self._timeout_s)
-                return int(high)
+                if kafka_evidence.known_offset(int(high)):
+                    return int(high)
+                if time.monotonic() > deadline:  # no leader answered (kafka_evidence rule 5)
+                    raise KafkaException(
+                        KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"log end unknown ({high})")
+                    )
             except KafkaException as error:
                 if not retriable(error.args[0]) or time.monotonic() > deadline:
                     raise

@@ -148,6 +148,8 @@ def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
     future = admin.create_topics([topic], request_timeout=timeout_s)[topic.topic]
     try:
         future.result(timeout=answer_wait_s(timeout_s))
+    except TimeoutError:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer in time")) from None
     except KafkaException as error:
         if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False

@@ -168,7 +168,7 @@ class KafkaCluster:
                     continue
                 gone.add(node.node_id)
                 code = node.wait()
-                running = len(self.nodes) - len(gone)
+                running = sum(other.running for other in self.nodes)
                 if running < self.majority:
                     return node, code
                 if lost is not None:

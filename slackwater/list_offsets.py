@@ -94,6 +94,8 @@ def submit(
             ).offset
         except KafkaException as error:
             answers[(tp.topic, tp.partition)] = error.args[0]
+        except TimeoutError:
+            answers[(tp.topic, tp.partition)] = KafkaError(KafkaError._TIMED_OUT, "no answer")
     result.set_result(_unknown_as_errors(answers))
     return result
 

@@ -29,7 +29,7 @@ marker for another topic.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,10 +212,13 @@ class MarkerAligner:
         self,
         batch: dict[Any, PartitionBatch],
         now_ms: int | None = None,
+        unseen: Collection[Hashable] = (),
     ) -> list[Emitted]:
         """Applies one micro-batch (see the module docstring); returns what the valve emits.
 
-        ``now_ms`` (wall time) drives the optional consumer-side idle timeout.
+        ``now_ms`` (wall time) drives the optional consumer-side idle timeout; the idle
+        clocks of ``unseen`` partitions (whose log end the broker did not give) do not
+        run: they start at the first plan that sees the partition again.
         """
         emitted = self.ensure_partitions(batch)
         for partition in sorted(self.partitions, key=_order):
@@ -224,7 +227,11 @@ class MarkerAligner:
             if seen is not None:
                 emitted += self._take_data(partition, state, seen)
             emitted += self._apply_pending(partition, state)
-            if now_ms is not None and self.consumer_idle_timeout_ms is not None:
+            if now_ms is None or self.consumer_idle_timeout_ms is None:
+                continue
+            if unseen and partition in unseen:
+                state.last_data_ms = None  # (unchanged while it stays unseen)
+            else:
                 emitted += self._consumer_idle_timeout(partition, state, seen, now_ms)
         return emitted
 

@@ -226,15 +226,19 @@ def test_the_consumer_idle_clock_starts_again_at_a_restart() -> None:
     assert restored.advance({}, now_ms=86_400_000 + 1_000) == [Watermark(20), WatermarkStatus.IDLE]
 
 
-def test_the_consumer_idle_clock_starts_again_only_for_the_partitions_named() -> None:
-    """A partition whose log end the broker did not give: its time is not silence."""
+def test_the_idle_clock_of_a_partition_the_broker_did_not_show_does_not_run() -> None:
+    """A partition whose log end the broker did not give: its time is not silence, and
+    its state stays the same plan after plan (no empty batch while it stays unseen)."""
     a = MarkerAligner(T, 0, partitions=[0, 1], consumer_idle_timeout_ms=1_000)
     a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0)
-    a.restart_idle_clocks([1, "not a partition"])
-    assert a.advance({}, now_ms=1_000) == [Watermark(20)]  # 0 idles; 1's clock starts
+    assert a.advance({}, now_ms=1_000, unseen={1}) == [Watermark(20)]  # 0 idles
+    before = a.snapshot()
+    assert a.advance({}, now_ms=5_000, unseen={1}) == []
+    assert a.snapshot() == before
     assert a.status_of(0) is IDLE and a.status_of(1) is ACTIVE
-    assert a.advance({}, now_ms=1_999) == []
-    assert a.advance({}, now_ms=2_000) == [WatermarkStatus.IDLE]
+    assert a.advance({}, now_ms=6_000) == []  # seen again: its clock starts here
+    assert a.advance({}, now_ms=6_999) == []
+    assert a.advance({}, now_ms=7_000) == [WatermarkStatus.IDLE]
 
 
 def test_offsets_that_went_back_restart_the_read_position() -> None:

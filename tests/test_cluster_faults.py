@@ -116,9 +116,10 @@ def _log_end(admin: AdminClient, topic: str, partition: int) -> int:
         refresh_leaders(admin, 10)  # a leader may have moved (kafka_clients says why)
         future = admin.list_offsets({TopicPartition(topic, partition): latest})
         try:
-            return (int(next(iter(future.values())).result(30).offset),)
+            offset = int(next(iter(future.values())).result(30).offset)
         except KafkaException:
             return None
+        return (offset,) if offset >= 0 else None  # -1001: no leader answered yet
 
     found: tuple[int] = wait_until(answer, FAULT_DEADLINE_S, f"the log end of {topic}")
     return found[0]

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Hashable
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from spark_consumer.alignment import PartitionBatch
 from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.options import channel
@@ -35,7 +37,12 @@ def follow(
     went_back = broker.went_back(plan.data, now)
     listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
     new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
-    starts = broker.list_offsets(new + went_back, "earliest")
+    try:
+        starts = broker.list_offsets(new + went_back, "earliest")
+    except KafkaException as error:
+        # No answer in time (a leader just died): they stand still until one comes.
+        log.info("earliest offsets not answered (%s): asked again next trigger", error)
+        starts = {}
     new_set = set(new)
     for (topic, partition), offset in starts.items():
         if (topic, partition) in new_set:

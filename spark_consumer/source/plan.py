@@ -20,7 +20,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source.offset import OffsetFormatError, Offsets, SourceOffset, ranges
-from spark_consumer.source.options import SourceError
+from spark_consumer.source.options import SourceError, channel
 from spark_consumer.valve import MIN_WATERMARK
 
 if TYPE_CHECKING:
@@ -159,6 +159,17 @@ def nothing_new_since(start: SourceOffset, now: BrokerView) -> bool:
     ):
         return False  # new records, or offsets that went back
     return bool(now.control_ends.items() <= start.control.items())
+
+
+def unseen_channels(data: Offsets, now: BrokerView) -> set[str]:
+    """The channels of partitions whose log end the broker did not give this plan: their
+    idle clocks do not run (semantics.md, "Kafka's evidence")."""
+    return {
+        channel(topic, partition)
+        for topic, partitions in data.items()
+        for partition in partitions
+        if (topic, int(partition)) not in now.latest
+    }
 
 
 def same_batch(start: SourceOffset, offset: SourceOffset) -> bool:

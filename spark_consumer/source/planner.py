@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source import partitions as broker_partitions
-from spark_consumer.source.broker import BrokerView, PlannerBroker
+from spark_consumer.source.broker import PlannerBroker
 from spark_consumer.source.control_reader import ControlReader
 from spark_consumer.source.offset import Offsets, SourceOffset
 from spark_consumer.source.options import SourceOptions, channel
@@ -31,6 +31,7 @@ from spark_consumer.source.plan import (
     plan_of,
     records_between,
     same_batch,
+    unseen_channels,
 )
 from spark_consumer.source.progress_collector import ProgressCollector
 from spark_consumer.source.splits import batch_tasks
@@ -120,7 +121,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self.broker.authentication_failure()  # the broker answered: one before is history
         if nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
             return start_json  # the common idle trigger: no state to restore or write
-        plan = self._restore(start, now)
+        plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
         batch, start_batch_id = self.progress.collect(start, plan)
         # 3. Partitions that appeared join as channels (with the markers held for them),
@@ -136,7 +137,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         #    never makes a replay differ. Partitions gone from the broker (their last
         #    batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
-        plan.aligner.advance(batch, now_ms)
+        plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
         broker_partitions.drop_vanished(plan, now, self.broker)
         # 6. The data to read next, and the valve's output planned into its synthetic row.
         ends = data_ends(plan.data, now.latest, limit)
@@ -203,21 +204,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 self.broker.unreachable(error)
                 time.sleep(1.0)
 
-    def _restore(self, offset: SourceOffset, now: BrokerView) -> Plan:
+    def _restore(self, offset: SourceOffset) -> Plan:
         aligner = self._memory.aligner(offset, self._channel_of)
         # Idle clocks count only time in which the broker was seen (semantics.md §6):
         # this reader's first plan (the query was down), the first since the broker did
-        # not answer, and partitions whose log end it did not give start theirs again.
+        # not answer start them again (a partition whose log end alone it did not give:
+        # step 5).
         if not self._planned or self._blind:
             aligner.restart_idle_clocks()
             self._planned, self._blind = True, False
-        elif self.options.consumer_idle_timeout_ms is not None:
-            aligner.restart_idle_clocks(
-                channel(t, p)
-                for t, partitions in offset.data.items()
-                for p in partitions
-                if (t, int(p)) not in now.latest
-            )
         # The option as the query runs now (it may have changed since the checkpoint).
         aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
         return plan_of(offset, aligner)
