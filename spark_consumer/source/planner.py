@@ -133,7 +133,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self.control.read(plan, now.control_ends)
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
-        #    counts wall time between plans; a replay uses the logged offset, so this
+        #    counts wall time between plans that saw the broker, not for partitions
+        #    whose log end it did not give; a replay uses the logged offset, so this
         #    never makes a replay differ. Partitions gone from the broker (their last
         #    batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
