@@ -56,19 +56,29 @@ def parse_optional_duration_ms(value: object) -> int | None:
     return parse_duration_ms(value)
 
 
+# In 'k=v,k2=v2' text, a comma separates two settings only where a setting's name and
+# '=' follow it: a value may hold commas and '=' (a password, an SSL cipher list).
+_NEXT_SETTING = re.compile(r",(?=\s*[A-Za-z0-9_.-]+=)")
+
+
 def parse_key_values(items: object) -> dict[str, str]:
-    """['k=v', ...] or 'k=v,k2=v2' or a mapping -> {k: v} (librdkafka settings)."""
+    """['k=v', ...] (one setting an item, as flags give them) or 'k=v,k2=v2' or a
+    mapping -> {k: v} (librdkafka settings). An error never shows a value: the values
+    are passwords as often as not."""
     if isinstance(items, Mapping):
         return {str(k): str(v) for k, v in items.items()}
     if isinstance(items, str):
-        items = [part for part in items.split(",") if part.strip()]
+        items = [part for part in _NEXT_SETTING.split(items) if part.strip()]
     if not isinstance(items, list | tuple):
-        raise ValueError(f"expected KEY=VALUE pairs, got {items!r}")
+        raise ValueError(f"expected KEY=VALUE pairs, got a {type(items).__name__}")
     result: dict[str, str] = {}
-    for item in items:
+    for number, item in enumerate(items, 1):
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+            raise ValueError(
+                f"expected KEY=VALUE, setting {number} of {len(items)} has no key before "
+                "'=' (its text is not shown: it may hold a secret)"
+            )
         result[key.strip()] = value.strip()
     return result
 

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from emitter.config import EmitterConfig
-from slackwater.settings import ConfigError, load_config, parse_duration_ms
+from slackwater.settings import ConfigError, load_config, parse_duration_ms, parse_key_values
 from tests.factories import run_cli
 
 REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "ctl"}
@@ -141,3 +141,38 @@ def test_cli_unreadable_config_file_exits_2(tmp_path: Path) -> None:
     result = _emit("--config", str(tmp_path / "missing.yaml"))
     assert result.returncode == 2
     assert "cannot read config file" in result.stderr
+
+
+def test_a_kafka_setting_may_hold_commas_and_equals_signs() -> None:
+    """A password is any text: from flags (one setting each) and from the environment's
+    'k=v,k2=v2' text alike, a comma starts a new setting only before a name and '='."""
+    secret = "pa,ss=w,rd"
+    from_flags = load_config(
+        EmitterConfig,
+        {**REQUIRED, "kafka_config": ["security.protocol=SASL_SSL", f"sasl.password={secret}"]},
+        environ={},
+    )
+    from_env = load_config(
+        EmitterConfig,
+        REQUIRED,
+        environ={"SLACKWATER_KAFKA_CONFIG": "sasl.password=pa,security.protocol=SASL_SSL"},
+    )
+    assert from_flags.kafka_config == {"security.protocol": "SASL_SSL", "sasl.password": secret}
+    assert from_env.kafka_config == {"sasl.password": "pa", "security.protocol": "SASL_SSL"}
+    assert parse_key_values("sasl.password=a,b,ssl.cipher.suites=X,Y") == {
+        "sasl.password": "a,b",
+        "ssl.cipher.suites": "X,Y",
+    }
+
+
+def test_a_bad_kafka_setting_is_named_without_its_text() -> None:
+    """The error line names the setting's place, never its text (half a password was
+    printed before: "expected KEY=VALUE, got 'ss'")."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(
+            EmitterConfig, {**REQUIRED, "kafka_config": ["sasl.password=x", "hunter2"]}, environ={}
+        )
+    line = str(raised.value)
+    assert line.startswith("invalid config field 'kafka_config': ")
+    assert "setting 2 of 2" in line
+    assert "hunter2" not in line
