@@ -60,9 +60,7 @@ def _warn_unless_compacted(admin: AdminClient, name: str, timeout_s: float) -> N
     resource = ConfigResource(ResourceType.TOPIC, name)
     try:
         configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
-        policy = configs.result(timeout=kafka_clients.answer_wait_s(timeout_s)).get(
-            "cleanup.policy"
-        )
+        policy = kafka_clients.answer(configs, timeout_s).get("cleanup.policy")
     except Exception as error:
         log.info("could not read cleanup.policy of %s: %s", name, error)
         return

@@ -29,6 +29,18 @@ def answer_wait_s(request_timeout_s: float) -> float:
     return 2 * request_timeout_s
 
 
+def answer(future: concurrent.futures.Future[Any], request_timeout_s: float) -> Any:
+    """The result of an Admin request's future, waited for ``answer_wait_s``; none by
+    then is a KafkaException (_TIMED_OUT), what every caller takes for a broker that did
+    not answer."""
+    try:
+        return future.result(timeout=answer_wait_s(request_timeout_s))
+    except TimeoutError:
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, f"no answer within {request_timeout_s:.0f}s")
+        ) from None
+
+
 def client_settings(
     name: str,
     bootstrap_servers: str,
@@ -147,9 +159,7 @@ def create_topic(admin: AdminClient, topic: NewTopic, timeout_s: float) -> bool:
     by another client since we looked). Any other failure raises KafkaException."""
     future = admin.create_topics([topic], request_timeout=timeout_s)[topic.topic]
     try:
-        future.result(timeout=answer_wait_s(timeout_s))
-    except TimeoutError:
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer in time")) from None
+        answer(future, timeout_s)
     except KafkaException as error:
         if error.args and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False

@@ -35,7 +35,6 @@ _MISSING_TOPIC_EVENTS = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
 
-
 # Rule 2: believe that a topic (or partition) does not exist only when told so this many
 # times in a row: a broker just behind on metadata says so once of a topic that exists.
 TOLD_IN_A_ROW = 2

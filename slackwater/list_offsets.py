@@ -89,29 +89,11 @@ def submit(
     answers: dict[tuple[str, int], Any] = {}
     for tp, one in futures.items():
         try:
-            answers[(tp.topic, tp.partition)] = one.result(
-                timeout=kafka_clients.answer_wait_s(timeout_s)
-            ).offset
+            answers[(tp.topic, tp.partition)] = kafka_clients.answer(one, timeout_s).offset
         except KafkaException as error:
             answers[(tp.topic, tp.partition)] = error.args[0]
-        except TimeoutError:
-            answers[(tp.topic, tp.partition)] = KafkaError(KafkaError._TIMED_OUT, "no answer")
     result.set_result(_unknown_as_errors(answers))
     return result
-
-
-def answers(
-    future: Future[dict[tuple[str, int], Any]], timeout_s: float
-) -> dict[tuple[str, int], Any]:
-    """The answers of a ``submit`` made with ``timeout_s``, waited for as long as
-    librdkafka may take (kafka_clients.answer_wait_s); none by then is a KafkaException
-    (_TIMED_OUT), what its callers already take for a broker that did not answer."""
-    try:
-        return future.result(timeout=kafka_clients.answer_wait_s(timeout_s))
-    except TimeoutError:
-        raise KafkaException(
-            KafkaError(KafkaError._TIMED_OUT, f"no ListOffsets answer within {timeout_s:.0f}s")
-        ) from None
 
 
 def _by_key(raw: Future[dict[TopicPartition, Any]]) -> Future[dict[tuple[str, int], Any]]:

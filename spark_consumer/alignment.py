@@ -169,17 +169,12 @@ class MarkerAligner:
         for state in self.partitions.values():
             state.epoch = -1
 
-    def restart_idle_clocks(self, partitions: Iterable[Hashable] | None = None) -> None:
-        """The consumer-side idle clock starts again (of ``partitions``, or of all): at a
-        restart (as Flink's does), after the broker did not answer, for a partition whose
-        log end it did not give. Idle clocks count only time in which the broker was
-        seen: time the query was down, or blind, is not time a partition was silent."""
-        chosen = (
-            self.partitions.values()
-            if partitions is None
-            else (self.partitions[p] for p in partitions if p in self.partitions)
-        )
-        for state in chosen:
+    def restart_idle_clocks(self) -> None:
+        """The consumer-side idle clock starts again: at a restart (as Flink's does), and
+        after the broker did not answer. Idle clocks count only time in which the broker
+        was seen: time the query was down, or blind, is not time a partition was silent
+        (a partition whose log end alone is unknown: ``advance``'s ``unseen``)."""
+        for state in self.partitions.values():
             state.last_data_ms = None
 
     def offer(self, marker: Marker) -> MarkerOutcome:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -86,9 +89,22 @@ def _consecutive_free_ports(count: int) -> int:
     raise AssertionError(f"no {count} consecutive free ports")
 
 
-@pytest.mark.integration
-@pytest.mark.cluster
-def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing() -> None:
+@dataclass
+class _CliCluster:
+    """A running ``slackwater broker --nodes 3``: its process, first port, bootstrap
+    servers, first line and the nodes' JVMs."""
+
+    process: subprocess.Popen[str]
+    port: int
+    bootstrap: str
+    first_line: str
+    children: list[psutil.Process]
+
+
+@contextlib.contextmanager
+def _cli_cluster() -> Iterator[_CliCluster]:
+    """The command started on three free ports, once it says where it listens; stopped
+    with SIGTERM when the block ends, unless the test ended it."""
     port = _consecutive_free_ports(3)
     process = subprocess.Popen(
         [*SLACKWATER, "broker", "--nodes", "3", "--port", str(port)],
@@ -101,19 +117,10 @@ def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing(
         first_line = process.stdout.readline()
         bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
         assert f"bootstrap servers: {bootstrap};" in first_line
-        logs = [Path(log.strip()) for log in first_line.rsplit("log: ", 1)[1].split(",")]
-        assert len(logs) == 3 and all(log.parent.is_dir() for log in logs)
         children = [
             p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "java"
         ]
-        assert len(children) == 3
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0
-        _gone, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive
-        assert not any(log.parent.exists() for log in logs)  # temporary directories
+        yield _CliCluster(process, port, bootstrap, first_line, children)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)  # the launcher stops the nodes, removes dirs
@@ -121,6 +128,23 @@ def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing(
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_cli_broker_with_three_nodes_serves_a_cluster_and_stops_leaving_nothing() -> None:
+    with _cli_cluster() as cli:
+        line = cli.first_line
+        logs = [Path(log.strip()) for log in line.rsplit("log: ", 1)[1].split(",")]
+        assert len(logs) == 3 and all(log.parent.is_dir() for log in logs)
+        assert len(cli.children) == 3
+        admin = AdminClient({"bootstrap.servers": cli.bootstrap})
+        assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
+        cli.process.send_signal(signal.SIGTERM)
+        assert cli.process.wait(timeout=120) == 0
+        _gone, alive = psutil.wait_procs(cli.children, timeout=30)
+        assert not alive
+        assert not any(log.parent.exists() for log in logs)  # temporary directories
 
 
 def _node_listening_on(children: list[psutil.Process], port: int) -> psutil.Process:
@@ -135,49 +159,31 @@ def _node_listening_on(children: list[psutil.Process], port: int) -> psutil.Proc
     raise AssertionError(f"no node listens on {port}")
 
 
+@pytest.mark.integration
+@pytest.mark.cluster
 def test_cli_broker_with_three_nodes_serves_on_without_one_and_stops_without_a_quorum() -> None:
     """What docs/deploy.md says a cluster of three does: one node SIGKILLed is one line,
     and writes acknowledged by all in-sync replicas go on; a second one lost leaves no
     quorum, and the command stops the last node and exits 1, saying so in one line."""
-    port = _consecutive_free_ports(3)
-    process = subprocess.Popen(
-        [*SLACKWATER, "broker", "--nodes", "3", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        first_line = process.stdout.readline()
-        bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
-        assert f"bootstrap servers: {bootstrap};" in first_line
-        children = [
-            p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "java"
-        ]
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        topic = replicated_topic(admin)
-        _node_listening_on(children, port + 1).kill()  # node 2
+    with _cli_cluster() as cli:
+        process = cli.process
+        assert process.stderr is not None
+        topic = replicated_topic(AdminClient({"bootstrap.servers": cli.bootstrap}))
+        _node_listening_on(cli.children, cli.port + 1).kill()  # node 2
         lost = process.stderr.readline().strip()
         assert lost.startswith("slackwater broker: node 2 exited with code -9; "), lost
         assert lost.endswith("2 of 3 nodes serve on (a quorum needs 2)"), lost
         assert process.poll() is None  # still serving
-        assert _write(bootstrap, topic, b"after one node", 60) is None
-        _node_listening_on(children, port + 2).kill()  # node 3
+        assert _write(cli.bootstrap, topic, b"after one node", 60) is None
+        _node_listening_on(cli.children, cli.port + 2).kill()  # node 3
         assert process.wait(timeout=120) == 1
         last = process.stderr.read().strip().splitlines()
         assert last == [
             "slackwater broker: node 3 exited with code -9; 1 of 3 nodes left, no quorum "
             "(it needs 2): stopping"
         ]
-        _gone, alive = psutil.wait_procs(children, timeout=30)
+        _gone, alive = psutil.wait_procs(cli.children, timeout=30)
         assert not alive  # node 1 stopped with the command
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
 
 
 @pytest.mark.parametrize("host", ["256.1.1.1", "no-such-host.invalid"])

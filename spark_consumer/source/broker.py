@@ -199,7 +199,7 @@ class PlannerBroker:
             if self.options.read_committed
             else IsolationLevel.READ_UNCOMMITTED
         )
-        answers = list_offsets.answers(
+        answers = kafka_clients.answer(
             list_offsets.submit(
                 self.admin,
                 list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
