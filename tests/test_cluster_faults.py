@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
@@ -38,6 +38,7 @@ from tests.cluster_harness import (
     FAULT_DEADLINE_S,
     in_sync,
     kill_leader,
+    leader_now,
     leader_of,
     replicated_topic,
 )
@@ -496,3 +497,63 @@ def test_a_plan_while_a_leader_is_dead_neither_fails_nor_reads_a_wrong_end(
         wait_until(planned_every_record, FAULT_DEADLINE_S, "a plan of every new record")
     finally:
         planner.stop()
+
+
+def test_a_first_plan_waits_for_partitions_without_a_leader_instead_of_failing(
+    all_nodes_running: KafkaCluster,
+) -> None:
+    """While no partition asked has a leader, ListOffsets fails whole ("Failed to query
+    partition leaders: No leaders found", _NOENT), as after a whole cluster's restart: a
+    first plan's wait for its start offsets takes that for partitions not ready yet and
+    asks again, as it does a partition's own retriable error. It once ended the query at
+    once (a flake of the outage test). Here the topic's one replica is on one node."""
+    cluster = all_nodes_running
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    only_replica = cluster.nodes[-1].node_id
+    topic = f"c-{uuid.uuid4().hex[:12]}"
+    one_replica = NewTopic(topic, 2, replica_assignment=[[only_replica], [only_replica]])
+    admin.create_topics([one_replica])[topic].result(FAULT_DEADLINE_S)
+    for partition in (0, 1):
+        leader_of(admin, topic, partition)
+    cluster.node(only_replica).kill()
+    wait_until(
+        lambda: {leader_now(admin, topic, p) for p in (0, 1)} == {-1},
+        FAULT_DEADLINE_S,
+        f"{topic} without a leader",
+    )
+    given = options(
+        cluster.bootstrap_servers, topic, None, requestTimeoutMs=str(int(FAULT_DEADLINE_S * 1000))
+    )
+    # A new planner's client fetches metadata first: no leader, so the request fails whole.
+    broker = SlackwaterStreamReader(SourceOptions.parse(given)).broker
+    partitions = [(topic, 0), (topic, 1)]
+    failed_whole: list[KafkaException] = []
+    asked_once = broker._list_offsets_once
+
+    def asked_and_seen(*args: object) -> object:
+        try:
+            return asked_once(*args)  # type: ignore[arg-type]
+        except KafkaException as error:
+            failed_whole.append(error)
+            raise
+
+    broker._list_offsets_once = asked_and_seen  # type: ignore[method-assign,assignment]
+    outcome: dict[str, object] = {}
+
+    def first_plan_wait() -> None:
+        try:
+            outcome["offsets"] = broker.list_offsets(partitions, "earliest", wait_for_all=True)
+        except Exception as error:  # the outcome under test
+            outcome["error"] = error
+
+    waiting = threading.Thread(target=first_plan_wait, daemon=True)
+    waiting.start()
+    wait_until(
+        lambda: failed_whole or not waiting.is_alive(),
+        FAULT_DEADLINE_S,
+        "a ListOffsets request that failed whole",
+    )
+    cluster.start_nodes([only_replica])
+    waiting.join(3 * FAULT_DEADLINE_S)
+    assert failed_whole, "no partition had a leader, yet no request failed whole"
+    assert outcome == {"offsets": dict.fromkeys(partitions, 0)}

@@ -171,14 +171,14 @@ class PlannerBroker:
         out, and stands still until the next trigger, or with ``wait_for_all`` asked
         again until the request timeout."""
         deadline = time.monotonic() + self._timeout_s
-        offsets, not_ready = self._list_offsets_once(partitions, spec_name)
+        offsets, not_ready = self._asked(partitions, spec_name, wait_for_all)
         while wait_for_all and not_ready and time.monotonic() < deadline:
             time.sleep(0.5)
             # A leader that moved is refused with the epoch the client cached until it
             # fetches metadata (kafka_clients.refresh_leaders says why).
             remaining_s = max(0.1, deadline - time.monotonic())
             kafka_clients.refresh_leaders(self.admin, remaining_s)
-            more, not_ready = self._list_offsets_once(list(not_ready), spec_name)
+            more, not_ready = self._asked(list(not_ready), spec_name, wait_for_all)
             offsets.update(more)
         if not_ready:
             where = ", ".join(f"{t}[{p}] ({name})" for (t, p), name in list(not_ready.items())[:5])
@@ -188,6 +188,27 @@ class PlannerBroker:
                 )
             log.info("offsets not ready, retried next trigger: %s", where)
         return offsets
+
+    def _asked(
+        self, partitions: list[Key], spec_name: str, wait_for_all: bool
+    ) -> tuple[dict[Key, int], dict[Key, str]]:
+        """One round; when waiting for all, a request that failed whole (no leader known
+        for any partition, no answer in time: seen while a whole cluster restarts) leaves
+        every partition not ready, asked again until the deadline. Otherwise it is the
+        caller's: a plan stands still as blind (``PlannerBroker.unreachable``)."""
+        try:
+            return self._list_offsets_once(partitions, spec_name)
+        except KafkaException as error:
+            if not wait_for_all:
+                raise
+            reason = error.args[0] if error.args else None
+            if isinstance(reason, KafkaError):
+                refused = self.options.refused(reason, f"list offsets of {partitions[0][0]}")
+                if refused:
+                    raise refused from error
+            self.unreachable(error)  # a failed authentication ends the wait in one line
+            name = reason.name() if isinstance(reason, KafkaError) else str(error)
+            return {}, dict.fromkeys(partitions, name)
 
     def _list_offsets_once(
         self, partitions: list[Key], spec_name: str
