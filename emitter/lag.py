@@ -40,8 +40,10 @@ class LogEndTimeline:
     def record(self, wall_ms: int, log_end_offset: int) -> None:
         if self.offsets and self.offsets[-1] == log_end_offset and self.wall_ms[-1] == wall_ms:
             return  # the same point again
-        if self.offsets and kafka_evidence.log_end_went_back(log_end_offset, self.offsets[-1]):
-            # The log went back (topic re-created): the old timeline means nothing now.
+        if self.offsets and kafka_evidence.lower_end(log_end_offset, self.offsets[-1]):
+            # A lower end: the log went back (topic re-created), or a stale leader's
+            # answer; either way the timeline starts again from it (it only dates lag,
+            # and the observer's next answers rebuild it; no marker reads it).
             self.wall_ms.clear()
             self.offsets.clear()
         if (

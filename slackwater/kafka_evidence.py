@@ -87,17 +87,62 @@ class Gone(enum.Enum):
     WENT_BACK = "went back"
 
 
-def log_end_went_back(log_end: int, known_end: int) -> bool:
-    """Rule 3: a log end below one seen before means the offsets went back (a re-created
-    or truncated topic). Kafka's log end never moves down otherwise; a new leader whose
-    high watermark is still behind answers OFFSET_NOT_AVAILABLE (KIP-207), not a lower
-    end. An unknown log end (rule 5) is not a lower one."""
+def lower_end(log_end: int, known_end: int) -> bool:
+    """A log end below one seen before: an answer to look into (rules 3 and 6), never a
+    judgment by itself. A leader that lost its place (killed, partitioned away) can
+    answer from its old log for a while; the planner once took one such answer, held for
+    5 s, for a topic re-created, and read a whole partition twice."""
     return known_offset(log_end) and log_end < known_end
+
+
+def log_end_went_back(
+    log_end: int, known_end: int, leader_epoch: int | None, known_leader_epoch: int | None
+) -> bool:
+    """Rule 3: a log end below a known end went back (truncated by an unclean leader
+    election) only when the answer comes from a newer leader epoch than any the known
+    end was seen in. Within one topic Kafka's log end never moves down otherwise: a new
+    leader from the in-sync replicas holds every record below the old high watermark,
+    and while its own is behind it answers OFFSET_NOT_AVAILABLE (KIP-207), not a lower
+    end. So a lower end from the same or an older epoch is a stale leader's, and one
+    without an epoch tells nothing: either stands still, for as long as it lasts. (A
+    re-created topic is rule 6: its epochs start again.)"""
+    return (
+        lower_end(log_end, known_end)
+        and leader_epoch is not None
+        and known_leader_epoch is not None
+        and leader_epoch > known_leader_epoch
+    )
+
+
+def topic_recreated(topic_id: str | None, known_topic_id: str | None) -> bool:
+    """Rule 6: a topic was deleted and made again under its name when its id differs
+    from the one its known offsets were seen in (DescribeTopics gives it; Kafka never
+    reuses one). Every record this side had not read of the old one is gone; the new one
+    is read from its start. Either id unknown tells nothing."""
+    return topic_id is not None and known_topic_id is not None and topic_id != known_topic_id
+
+
+# Rule 7: what a consumer's fetch says of a position outside the log of the partition's
+# current leader (a fetch carries the leader epoch, so a stale leader fences it instead):
+# the broker's OFFSET_OUT_OF_RANGE, librdkafka's own under auto.offset.reset=error, and
+# its log truncation found by KIP-320's validation after a leader change.
+_OUT_OF_RANGE_EVENTS = frozenset(
+    {KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET, KafkaError._LOG_TRUNCATION}
+)
+
+
+def fetch_out_of_range(error: KafkaError) -> bool:
+    """Rule 7: records past a reader's position may be gone only when its own fetch says
+    the position is out of range; a partition that stays quiet, or one low watermark
+    answer, is not that (a leader moving answers low once). Rule 4 then says how far."""
+    return error.code() in _OUT_OF_RANGE_EVENTS
 
 
 def records_gone(position: int, log_start: int, log_end: int, known_end: int) -> Gone | None:
     """Rule 4: whether the records from ``position`` on are gone, and why (the module's
-    timeline); None while they are there or may still come.
+    timeline); None while they are there or may still come. Asked only once Kafka has
+    said the position is out of its log (rule 7, or ends that cannot be stale: asked of
+    the leader with ``wait_for_all``), since one stale answer alone would say WENT_BACK.
 
     * RETENTION: ``[position, log_start)`` is gone, the records after it are there.
     * WENT_BACK: ``[position, known_end)`` is gone; the log ends at or before the
@@ -109,7 +154,7 @@ def records_gone(position: int, log_start: int, log_end: int, known_end: int) ->
         return None
     if log_start > position:
         return Gone.RETENTION
-    if log_end <= position and log_end_went_back(log_end, known_end):
+    if log_end <= position and lower_end(log_end, known_end):
         return Gone.WENT_BACK
     return None
 

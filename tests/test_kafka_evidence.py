@@ -12,13 +12,16 @@ from hypothesis import strategies as st
 from slackwater.kafka_evidence import (
     Gone,
     MissingAnswers,
+    fetch_out_of_range,
     known_offset,
     log_end_went_back,
+    lower_end,
     missing_topic_event,
     partition_missing,
     records_gone,
     says_topic_missing,
     topic_missing,
+    topic_recreated,
 )
 
 
@@ -93,10 +96,21 @@ def test_rule_2_no_answer_leaves_the_count_as_it_was() -> None:
 # ------------------------------------------------------------ rule 3
 
 
-def test_rule_3_a_log_end_below_one_seen_before_went_back() -> None:
-    assert log_end_went_back(3, 10)
-    assert not log_end_went_back(10, 10)  # nothing new
-    assert not log_end_went_back(11, 10)  # new records
+def test_rule_3_a_lower_log_end_from_a_newer_leader_epoch_went_back() -> None:
+    assert log_end_went_back(3, 10, leader_epoch=8, known_leader_epoch=7)  # truncated
+    assert not log_end_went_back(10, 10, leader_epoch=8, known_leader_epoch=7)  # nothing new
+    assert not log_end_went_back(11, 10, leader_epoch=8, known_leader_epoch=7)  # new records
+
+
+def test_rule_3_a_lower_log_end_from_the_same_or_an_older_epoch_is_a_stale_leaders() -> None:
+    assert lower_end(3, 10)  # looked into, never judged on its own
+    assert not log_end_went_back(3, 10, leader_epoch=7, known_leader_epoch=7)
+    assert not log_end_went_back(3, 10, leader_epoch=6, known_leader_epoch=7)
+
+
+def test_rule_3_a_lower_log_end_without_an_epoch_tells_nothing() -> None:
+    assert not log_end_went_back(3, 10, leader_epoch=None, known_leader_epoch=7)
+    assert not log_end_went_back(3, 10, leader_epoch=8, known_leader_epoch=None)
 
 
 # ------------------------------------------------------------ rule 4
@@ -130,12 +144,61 @@ def test_rule_5_an_offset_kafka_did_not_give_is_not_an_offset() -> None:
 
 
 def test_rule_5_an_unknown_log_end_never_went_back_and_loses_nothing() -> None:
-    assert not log_end_went_back(-1001, 234)
+    assert not lower_end(-1001, 234)
+    assert not log_end_went_back(-1001, 234, leader_epoch=9, known_leader_epoch=1)
     assert records_gone(position=234, log_start=0, log_end=-1001, known_end=300) is None
     assert records_gone(position=234, log_start=-1001, log_end=-1001, known_end=300) is None
 
 
+# ------------------------------------------------------------ rule 6
+
+
+def test_rule_6_a_topic_with_another_id_was_recreated() -> None:
+    assert topic_recreated("new-id", "old-id")
+    assert not topic_recreated("same-id", "same-id")
+
+
+def test_rule_6_an_unknown_topic_id_tells_nothing() -> None:
+    assert not topic_recreated(None, "old-id")
+    assert not topic_recreated("new-id", None)
+
+
+# ------------------------------------------------------------ rule 7
+
+
+def test_rule_7_only_a_fetch_out_of_range_says_records_may_be_gone() -> None:
+    for code in (
+        KafkaError.OFFSET_OUT_OF_RANGE,
+        KafkaError._AUTO_OFFSET_RESET,
+        KafkaError._LOG_TRUNCATION,
+    ):
+        assert fetch_out_of_range(KafkaError(code))
+    for code in (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError._TRANSPORT,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,  # rules 1 and 2 judge that
+    ):
+        assert not fetch_out_of_range(KafkaError(code))
+
+
 offsets = st.integers(min_value=0, max_value=1_000)
+epochs = st.one_of(st.none(), st.integers(min_value=0, max_value=20))
+
+
+@given(offsets, offsets, epochs, epochs)
+def test_a_log_end_went_back_exactly_when_rule_3_says(
+    log_end: int, known_end: int, leader_epoch: int | None, known_leader_epoch: int | None
+) -> None:
+    """The rule's text as cases: below the known end, and answered in an epoch newer
+    than the known one (both given); nothing else."""
+    went = log_end_went_back(log_end, known_end, leader_epoch, known_leader_epoch)
+    newer = (
+        leader_epoch is not None
+        and known_leader_epoch is not None
+        and leader_epoch > known_leader_epoch
+    )
+    assert went == (log_end < known_end and newer)
 
 
 @given(offsets, offsets, offsets, offsets)

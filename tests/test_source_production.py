@@ -486,42 +486,151 @@ def test_a_recreated_topic_starts_again_or_stops_the_query(
         driven.stop()
 
 
-class _OneLowBroker(PlannerBroker):
-    """The real broker's answers, but one plan sees partition 0's log end at 0: what a
-    broker that has not caught up with a new leader may answer."""
+class _LowBroker(PlannerBroker):
+    """The real broker's answers, but while ``low`` the plans see ``topic``'s partition
+    0 end at 0, answered in the leader epoch ``epoch_ahead`` past the real answer's: what
+    a leader that lost its place answers (the same epoch or an older one), or a new
+    leader after an unclean election truncated the log (a newer one)."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, topic: str, epoch_ahead: int = 0) -> None:
         super().__init__(options)
-        self.lowered = False
+        self.key = (topic, 0)
+        self.epoch_ahead = epoch_ahead
+        self.low = True
+        self.lowered = 0
 
     def observe(self, planned: Collection[str]) -> BrokerView:
         now = super().observe(planned)
-        if self.lowered:
+        if not self.low:
             return now
-        self.lowered = True
-        key = next(k for k in now.latest if k[1] == 0)
-        return dataclasses.replace(now, latest={**now.latest, key: 0})
+        self.lowered += 1
+        epochs = dict(now.leader_epochs)
+        epochs[self.key] = now.leader_epochs[self.key] + self.epoch_ahead
+        latest = {**now.latest, self.key: 0}
+        control_ends = {**now.control_ends}
+        if self.key[0] == self.options.control_topic:
+            control_ends["0"] = 0
+        return dataclasses.replace(
+            now, latest=latest, control_ends=control_ends, leader_epochs=epochs
+        )
+
+
+def _read_then_low(
+    broker: KafkaBroker, new_topic: TopicFactory, **settings: str
+) -> tuple[str, str, Writer, Driven]:
+    """Ten records read by one query; returns its next plans' driver, on no broker yet."""
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    first = Driven.start(options(broker.bootstrap_servers, topic, control, **settings))
+    try:
+        assert [row["offset"] for row in real(first.step())] == list(range(10))
+    finally:
+        first.stop()
+    return topic, control, write, first
 
 
 def test_one_log_end_below_the_read_position_is_no_data_loss(
     broker: KafkaBroker, new_topic: TopicFactory
 ) -> None:
-    topic, control, write = _setup(broker, new_topic, 1)
-    write.data(0, *range(10))
-    first = Driven.start(options(broker.bootstrap_servers, topic, control))
-    try:
-        assert [row["offset"] for row in real(first.step())] == list(range(10))
-    finally:
-        first.stop()
-    # The same query's next plans, on a reader that sees one low answer first.
+    topic, _, write, first = _read_then_low(broker, new_topic)
     given = first.reader.options
-    driven = Driven(SlackwaterStreamReader(given, _OneLowBroker(given)), first.offset)
+    low = _LowBroker(given, topic)
+    driven = Driven(SlackwaterStreamReader(given, low), first.offset)
     try:
         assert real(driven.step()) == []  # below the position: it stands still
+        low.low = False
         write.data(0, 10, 11)
         rows = _step_until(driven, lambda: driven.counter("records") == 12, "12 records read")
         assert [row["offset"] for row in rows] == [10, 11]  # nothing read twice, none lost
         assert driven.counter("offsets_went_back") == 0
+    finally:
+        driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_stale_leaders_low_log_end_stands_still_for_as_long_as_it_lasts(
+    broker: KafkaBroker, new_topic: TopicFactory, fail_on_data_loss: bool
+) -> None:
+    """kafka_evidence rule 3: the same topic id and no newer leader epoch, so no plan
+    takes it for offsets gone back, however long it lasts (once, 5 s of it did: the
+    whole partition read again, or the query stopped)."""
+    topic, _, write, first = _read_then_low(
+        broker, new_topic, failOnDataLoss=_text(fail_on_data_loss)
+    )
+    given = first.reader.options
+    low = _LowBroker(given, topic)
+    driven = Driven(SlackwaterStreamReader(given, low), first.offset)
+    try:
+        began = time.monotonic()
+        # Plans for longer than the old timer (5 s): the outcome holds at any speed.
+        while time.monotonic() - began < 7.0 or low.lowered < 3:
+            assert real(driven.step()) == []
+        assert driven.counter("offsets_went_back") == 0
+        low.low = False
+        write.data(0, 10, 11)
+        rows = _step_until(driven, lambda: driven.counter("records") == 12, "12 records read")
+        assert [row["offset"] for row in rows] == [10, 11]
+        assert driven.counter("offsets_went_back") == 0
+    finally:
+        driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_lower_log_end_in_a_newer_leader_epoch_went_back(
+    broker: KafkaBroker, new_topic: TopicFactory, fail_on_data_loss: bool
+) -> None:
+    """kafka_evidence rule 3: a new leader answering a lower end was elected uncleanly and
+    truncated the log: the records past it are gone."""
+    topic, _, write, first = _read_then_low(
+        broker, new_topic, failOnDataLoss=_text(fail_on_data_loss)
+    )
+    given = first.reader.options
+    low = _LowBroker(given, topic, 1)
+    low.low = False
+    driven = Driven(SlackwaterStreamReader(given, low), first.offset)
+    try:
+        write.data(0, 10)
+        assert [row["offset"] for row in real(driven.step())] == [10]  # its epoch is known
+        low.low = True
+        if fail_on_data_loss:
+            with pytest.raises(SourceError, match="truncated in a newer leader epoch"):
+                driven.step()
+            return
+        assert real(driven.step()) == []  # started again at the earliest offset, 0
+        assert driven.counter("offsets_went_back") == 1
+        low.low = False  # here the log was not truncated: read again from 0
+        rows = _step_until(driven, lambda: driven.counter("records") == 22, "a read again")
+        assert [row["offset"] for row in rows] == list(range(11))
+        assert driven.counter("offsets_went_back") == 1
+    finally:
+        driven.stop()
+
+
+def test_one_control_topic_end_below_its_position_reads_nothing_again(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    """Finding 3 of issue 31: one low answer of the control topic once made the planner
+    read it again from 0 and forget the emitters' epochs (markers_read 2 -> 4)."""
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    for seq in range(2):
+        write.raw_control(*encode(_marker(topic, ACTIVE, 10, epoch=5, seq=seq)))
+    first = Driven.start(options(broker.bootstrap_servers, topic, control))
+    try:
+        first.step()
+        first.step()
+        assert first.offset["control"] == {"0": 2}
+        assert first.counter("markers_read") == 2
+    finally:
+        first.stop()
+    given = first.reader.options
+    low = _LowBroker(given, control)
+    driven = Driven(SlackwaterStreamReader(given, low), first.offset)
+    try:
+        write.data(0, 10)
+        _step_until(driven, lambda: low.lowered >= 2 and driven.counter("records") == 11, "a read")
+        assert driven.offset["control"] == {"0": 2}
+        assert (driven.counter("control_went_back"), driven.counter("markers_read")) == (0, 2)
     finally:
         driven.stop()
 

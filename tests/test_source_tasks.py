@@ -3,7 +3,10 @@ reads its ranges with one pooled consumer and writes one progress record."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -241,3 +244,69 @@ def test_an_error_for_a_range_read_whole_loses_nothing_and_fails_nothing(
     error = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
     assert follow_gone(None, given, {("t", 0): whole}, {("t", 0): error}) is False
     assert (whole.position, whole.lost) == (5, 0)
+
+
+class _QuietThenLowOnce:
+    """A reader's real consumer that brings nothing until it has answered one watermark
+    query, which it answers with the log ending at 0: what a leader moving may answer
+    (issue 31, finding 1). Everything else is the real consumer's."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.real = consumer
+        self.answered_low = False
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        if not self.answered_low:
+            time.sleep(min(timeout, 0.5))  # quiet, as the reader's own wait would be
+            return []
+        return list(self.real.consume(num_messages=num_messages, timeout=timeout))
+
+    def get_watermark_offsets(self, partition: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.answered_low:
+            self.answered_low = True
+            return 0, 0
+        return self.real.get_watermark_offsets(partition, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_reader_never_believes_one_low_log_end(
+    broker: KafkaBroker,
+    new_topic: TopicFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_on_data_loss: bool,
+) -> None:
+    """A range that stays quiet, then one watermark answer below its position: the same
+    topic (its id unchanged) and no fetch out of range, so nothing is gone (kafka_evidence
+    rules 6 and 7). Once, the rest of the range was declared gone at once."""
+    topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
+    Writer(broker.bootstrap_servers, topic, control).data(0, *range(10))
+    given = options(
+        broker.bootstrap_servers, topic, control, failOnDataLoss=str(fail_on_data_loss).lower()
+    )
+    wrapped: list[_QuietThenLowOnce] = []
+    real_borrowed = reader_clients.borrowed_consumer
+
+    @contextlib.contextmanager
+    def borrowed(config: dict[str, Any]) -> Iterator[reader_clients.Lease]:
+        with real_borrowed(config) as lease:
+            consumer = lease.consumer
+            wrapped.append(_QuietThenLowOnce(consumer))
+            lease.consumer = wrapped[-1]
+            try:
+                yield lease
+            finally:
+                lease.consumer = consumer  # the pool keeps the real one
+
+    monkeypatch.setattr(reader_clients, "borrowed_consumer", borrowed)
+    driven = Driven.start(given)
+    try:
+        rows = real(driven.step())
+        assert [w.answered_low for w in wrapped] == [True]  # it was asked, and answered low
+        assert [row["offset"] for row in rows] == list(range(10))
+        driven.step()
+        assert (driven.counter("records_lost"), driven.counter("records")) == (0, 10)
+    finally:
+        driven.stop()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException
@@ -21,17 +21,12 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 
 from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.kafka_logging import once_per_interval
+from slackwater.list_offsets import Answers
 from spark_consumer.source.offset import Offsets
 from spark_consumer.source.options import SOURCE_CLIENT, SourceError, SourceOptions
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
 log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
-# How long a partition must be missing from the broker's metadata before it leaves.
-VANISHED_AFTER_S = 5.0
-# How long a log end must stay below the read position before the offsets count as gone
-# back (a re-created or truncated topic): one answer below it stopped a test's query
-# once while leaders were killed and nothing was truncated, and acting on it is final.
-WENT_BACK_AFTER_S = 5.0
 # The planner's consumers read by assignment and commit nothing; librdkafka still finds
 # this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
 PLANNER_GROUP = "slackwater-source-planner"
@@ -51,6 +46,8 @@ class BrokerView:
     listed: frozenset[str]  # every topic the broker lists, with an error or not
     latest: dict[Key, int]  # log ends (last stable offsets if read_committed)
     control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
+    # The leader epoch each log end was answered in, where the broker gave one.
+    leader_epochs: dict[Key, int] = field(default_factory=dict)
 
 
 class PlannerBroker:
@@ -63,10 +60,18 @@ class PlannerBroker:
         # never another query's in the same driver (kafka_logging keys them by name).
         self.client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
-        # Partitions the broker stopped listing, and partitions whose log end is below
-        # the read position, since when (monotonic s): acted on once it lasts.
-        self._absent_since: dict[Key, float] = {}
-        self._low_since: dict[Key, float] = {}
+        # What the query's positions were seen in (kafka_evidence rules 3 and 6): the
+        # newest leader epoch of a log end at or past the position, and each read
+        # topic's id.
+        self.leader_epochs: dict[Key, int] = {}
+        self.topic_ids: dict[str, str] = {}
+        # Answers in a row that a read partition is not listed (rule 2).
+        self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
+        # Partitions whose log end is below the position and was said so.
+        self._said_low: set[Key] = set()
+        # Partitions found gone back and not yet started again (``started_again``): the
+        # evidence is taken once (the new topic id is kept), so the finding is.
+        self._going_back: set[Key] = set()
 
     @property
     def admin(self) -> Any:
@@ -111,7 +116,14 @@ class PlannerBroker:
             ]
         latest = self.list_offsets(wanted, "latest")
         control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
-        return BrokerView(counts, frozenset(metadata.topics), latest, control_ends)
+        unnamed = [t for t in counts if t not in self.topic_ids]
+        if control is not None and control not in self.topic_ids and control_ends:
+            unnamed.append(control)
+        if unnamed:  # a topic first seen: its id, once (rule 6)
+            self.topic_ids.update(kafka_clients.topic_ids(self.admin, unnamed, self._timeout_s))
+        return BrokerView(
+            counts, frozenset(metadata.topics), latest, control_ends, latest.leader_epochs
+        )
 
     def subscribed_partitions(self) -> list[Key]:
         """Every partition of the subscribed topics the broker lists now."""
@@ -165,7 +177,7 @@ class PlannerBroker:
 
     def list_offsets(
         self, partitions: list[Key], spec_name: str, *, wait_for_all: bool = False
-    ) -> dict[Key, int]:
+    ) -> Answers:
         """Offsets of the partitions that have one now. A partition just created or
         moving leader answers with an error Kafka's protocol calls retriable: it is left
         out, and stands still until the next trigger, or with ``wait_for_all`` asked
@@ -180,6 +192,7 @@ class PlannerBroker:
             kafka_clients.refresh_leaders(self.admin, remaining_s)
             more, not_ready = self._asked(list(not_ready), spec_name, wait_for_all)
             offsets.update(more)
+            offsets.leader_epochs.update(more.leader_epochs)
         if not_ready:
             where = ", ".join(f"{t}[{p}] ({name})" for (t, p), name in list(not_ready.items())[:5])
             if wait_for_all:
@@ -191,7 +204,7 @@ class PlannerBroker:
 
     def _asked(
         self, partitions: list[Key], spec_name: str, wait_for_all: bool
-    ) -> tuple[dict[Key, int], dict[Key, str]]:
+    ) -> tuple[Answers, dict[Key, str]]:
         """One round; when waiting for all, a request that failed whole (no leader known
         for any partition, no answer in time: seen while a whole cluster restarts) leaves
         every partition not ready, asked again until the deadline. Otherwise it is the
@@ -208,13 +221,13 @@ class PlannerBroker:
                     raise refused from error
             self.unreachable(error)  # a failed authentication ends the wait in one line
             name = reason.name() if isinstance(reason, KafkaError) else str(error)
-            return {}, dict.fromkeys(partitions, name)
+            return Answers(), dict.fromkeys(partitions, name)
 
     def _list_offsets_once(
         self, partitions: list[Key], spec_name: str
-    ) -> tuple[dict[Key, int], dict[Key, str]]:
+    ) -> tuple[Answers, dict[Key, str]]:
         if not partitions:
-            return {}, {}
+            return Answers(), {}
         isolation = (
             IsolationLevel.READ_COMMITTED
             if self.options.read_committed
@@ -229,7 +242,8 @@ class PlannerBroker:
             ),
             self._timeout_s,
         )
-        offsets: dict[Key, int] = {}
+        offsets = Answers()
+        offsets.leader_epochs = answers.leader_epochs
         not_ready: dict[Key, str] = {}
         for (topic, partition), answer in answers.items():
             if isinstance(answer, KafkaError):
@@ -274,91 +288,150 @@ class PlannerBroker:
     # ---------------------------------------------------------------- judgments
 
     def went_back(self, data: Offsets, now: BrokerView) -> list[Key]:
-        """Partitions whose offsets went back (kafka_evidence rule 3: the log end below
-        the read position), once that has held for ``WENT_BACK_AFTER_S`` at every
-        trigger; until then they stand still (a batch never reads past its start).
-        failOnDataLoss=true stops the query at the first."""
-        low = {
-            (topic, int(partition)): position
+        """Partitions whose offsets went back, on Kafka's evidence alone: the topic's id
+        changed (kafka_evidence rule 6: re-created), or a log end below the position was
+        answered in a newer leader epoch than any end at or past it (rule 3: truncated
+        by an unclean election). A lower end with neither is a stale leader's: the
+        partition stands still (a batch never reads past its start) for as long as that
+        lasts, never on a timer. failOnDataLoss=true stops the query at the first."""
+        positions = (
+            ((topic, int(partition)), position)
             for topic, partitions in data.items()
             for partition, position in partitions.items()
-            if kafka_evidence.log_end_went_back(
-                now.latest.get((topic, int(partition)), position), position
-            )
-        }
-        moment = time.monotonic()
-        for key in low.keys() - self._low_since.keys():
-            log.warning(
-                "%s[%d]'s log end %d is below this query's position %d: it stands still, "
-                "and counts as gone back (re-created or truncated) if it stays so for %.0fs",
-                *key,
-                now.latest[key],
-                low[key],
-                WENT_BACK_AFTER_S,
-            )
-        self._low_since = {key: self._low_since.get(key, moment) for key in low}
-        went_back = sorted(
-            key for key, since in self._low_since.items() if moment - since >= WENT_BACK_AFTER_S
         )
-        for key in went_back:
-            del self._low_since[key]
+        went_back, recreated = self._went_back(positions, now)
         if went_back and self.options.fail_on_data_loss:
             topic, number = went_back[0]
+            why = "re-created" if topic in recreated else "truncated in a newer leader epoch"
             raise SourceError(
                 f"data loss: {topic}[{number}]'s log end went back from "
-                f"{data[topic][str(number)]} to {now.latest[(topic, number)]} (the "
-                "topic was re-created or truncated): records this query had not read may be "
-                "gone; the option failOnDataLoss=false starts again at its earliest offset"
+                f"{data[topic][str(number)]} to {now.latest[(topic, number)]} (the topic was "
+                f"{why}): records this query had not read may be gone; the option "
+                "failOnDataLoss=false starts again at its earliest offset"
             )
         return went_back
+
+    def control_went_back(self, control: dict[str, int], now: BrokerView) -> list[str]:
+        """The control topic's partitions whose offsets went back, by the same evidence
+        as ``went_back``: one low answer once made the planner read it again from 0 and
+        forget every emitter epoch, so a fenced emitter's marker was accepted again."""
+        topic = self.options.control_topic
+        if topic is None:
+            return []
+        positions = (((topic, int(p)), position) for p, position in control.items())
+        return [str(p) for _, p in self._went_back(positions, now)[0]]
+
+    def _went_back(
+        self, positions: Iterable[tuple[Key, int]], now: BrokerView
+    ) -> tuple[list[Key], set[str]]:
+        """Those of ``positions`` whose offsets went back (rules 3 and 6), and the topics
+        found re-created; every other end's leader epoch is kept as known."""
+        low: dict[Key, tuple[int, int]] = {}
+        epochs, answered, said = self.leader_epochs, now.leader_epochs, self._said_low
+        going_back, still_going_back = self._going_back, []
+        for key, position in positions:
+            if going_back and key in going_back:
+                still_going_back.append(key)  # found before: its start was not answered
+                continue
+            end = now.latest.get(key)
+            if end is None:
+                continue  # no answer: nothing to judge
+            if kafka_evidence.lower_end(end, position):
+                low[key] = (end, position)
+                continue
+            if said:
+                said.discard(key)  # past it: said again should it come back
+            epoch = answered.get(key)
+            if epoch is not None and epoch > epochs.get(key, -1):
+                epochs[key] = epoch  # (rule 3's known epoch)
+        if not low:
+            return sorted(still_going_back), set()
+        recreated = self._recreated({topic for topic, _ in low})
+        went_back = sorted(
+            key
+            for key, (end, position) in low.items()
+            if key[0] in recreated
+            or kafka_evidence.log_end_went_back(end, position, answered.get(key), epochs.get(key))
+        )
+        self._say_stale(now, {k: low[k] for k in low.keys() - set(went_back)})
+        for key in went_back:
+            self._said_low.discard(key)
+        self._going_back.update(went_back)
+        return sorted(went_back + still_going_back), recreated
+
+    def started_again(self, key: Key) -> None:
+        """A partition that went back is read from its new start: the new log's epochs
+        count from here."""
+        self._going_back.discard(key)
+        self.leader_epochs.pop(key, None)
+
+    def _recreated(self, topics: set[str]) -> set[str]:
+        """Those of ``topics`` whose id is not the one first seen (rule 6); the new id is
+        kept, so a topic counts as re-created once."""
+        known = {t: self.topic_ids[t] for t in topics if t in self.topic_ids}
+        ids_now = kafka_clients.topic_ids(self.admin, list(known), self._timeout_s)
+        recreated = {t for t, i in ids_now.items() if kafka_evidence.topic_recreated(i, known[t])}
+        self.topic_ids.update(ids_now)
+        return recreated
+
+    def _say_stale(self, now: BrokerView, stale: dict[Key, tuple[int, int]]) -> None:
+        """Once per partition while it lasts (a partition past it is said again)."""
+        for key, (end, position) in sorted(stale.items()):
+            if key in self._said_low:
+                continue
+            log.warning(
+                "%s[%d]'s log end %d (leader epoch %s) is below this query's position %d, "
+                "and Kafka gives no evidence that it went back (the same topic id, no "
+                "leader epoch newer than %s): a stale leader's answer; it stands still",
+                *key,
+                end,
+                now.leader_epochs.get(key, "unknown"),
+                position,
+                self.leader_epochs.get(key, "unknown"),
+            )
+            self._said_low.add(key)
 
     def vanished(self, data: Offsets, now: BrokerView) -> list[Key]:
         """Partitions the broker no longer lists: a topic missing from the metadata, or
         partitions past a topic's count (re-created with fewer).
 
-        One answer is not enough: a topic also goes missing from an all-topics answer
-        when the principal loses DESCRIBE, or from a broker behind on metadata. A
-        partition has vanished once it has been missing for ``VANISHED_AFTER_S`` and, for
-        a whole topic, a request for that topic answers that it does not exist.
+        One answer is not enough (kafka_evidence rule 2: believed when told twice in a
+        row, in two plans): a topic also goes missing from an all-topics answer when the
+        principal loses DESCRIBE, or from a broker behind on metadata. For a whole
+        topic, each answer is a request for that topic alone, which must say it does not
+        exist (rule 1); a request not answered leaves the count where it was.
         """
-        if not self._absent_since and all(
+        if not self._missing and all(
             topic in now.counts and len(partitions) <= now.counts[topic]
             for topic, partitions in data.items()
         ):
             return []  # every partition read is listed (partitions are numbered from 0)
-        missing = {
-            (topic, int(partition))
-            for topic, partitions in data.items()
-            if topic not in now.counts and topic not in now.listed
-            for partition in partitions
-        } | {
+        unlisted = {topic for topic in data if topic not in now.counts and topic not in now.listed}
+        missing = {(topic, int(partition)) for topic in unlisted for partition in data[topic]} | {
             (topic, int(partition))
             for topic, count in now.counts.items()
             for partition in data.get(topic, {})
             if int(partition) >= count
         }
-        moment = time.monotonic()
-        self._absent_since = {key: self._absent_since.get(key, moment) for key in missing}
-        due = [k for k, since in self._absent_since.items() if moment - since >= VANISHED_AFTER_S]
-        confirmed: dict[str, bool] = {}
-        vanished = []
-        for topic, partition in sorted(due):
-            if topic not in now.listed:
-                if topic not in confirmed:
-                    confirmed[topic] = self._topic_does_not_exist(topic)
-                if not confirmed[topic]:
-                    continue
-            del self._absent_since[(topic, partition)]
-            vanished.append((topic, partition))
+        self._missing = {
+            key: self._missing.get(key) or kafka_evidence.MissingAnswers() for key in missing
+        }
+        said = {topic: self._topic_does_not_exist(topic) for topic in unlisted}
+        vanished = sorted(
+            key for key, answers in self._missing.items() if answers.answer(said.get(key[0], True))
+        )
+        for key in vanished:
+            del self._missing[key]
         return vanished
 
-    def _topic_does_not_exist(self, topic: str) -> bool:
-        """A request for this topic alone answers that it does not exist (rule 1)."""
+    def _topic_does_not_exist(self, topic: str) -> bool | None:
+        """A request for this topic alone answers that it does not exist (rule 1); None
+        if it was not answered."""
         try:
             described = self.describe(topic)
         except KafkaException:
-            return False
-        return described is not None and kafka_evidence.says_topic_missing(described.error)
+            return None
+        return kafka_evidence.topic_missing(described)
 
     # ---------------------------------------------------------------- no answer
 

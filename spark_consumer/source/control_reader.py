@@ -13,9 +13,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from slackwater import kafka_evidence
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
-from spark_consumer.source.broker import PLANNER_GROUP
+from spark_consumer.source.broker import PLANNER_GROUP, BrokerView, PlannerBroker
 from spark_consumer.source.options import MAX_HELD_MARKERS, SourceError, SourceOptions
 from spark_consumer.source.plan import Plan
 
@@ -29,18 +28,19 @@ class ControlReader:
     def __init__(
         self,
         options: SourceOptions,
-        make_consumer: Callable[[], Any],
+        broker: PlannerBroker,
         channel_of: Callable[[Marker], str | None],
     ) -> None:
         self.options = options
-        self._make_consumer = make_consumer
+        self._broker = broker
         self._channel_of = channel_of
         self._consumer: Any = None
         self._warned_missing = False
 
-    def read(self, plan: Plan, ends: dict[str, int]) -> None:
-        """Reads the control topic from the plan's position up to ``ends`` (its log ends
-        when the plan looked at the broker; empty: the topic does not exist)."""
+    def read(self, plan: Plan, now: BrokerView) -> None:
+        """Reads the control topic from the plan's position up to its log ends when the
+        plan looked at the broker (none: the topic does not exist)."""
+        ends = now.control_ends
         topic = self.options.control_topic
         if topic is None:
             return
@@ -52,13 +52,13 @@ class ControlReader:
                 )
                 self._warned_missing = True
             return
-        self._follow_ends(plan, ends)
+        self._follow_ends(plan, now)
         todo = {p: end for p, end in ends.items() if plan.control[p] < end}
         if not todo:
             return
         malformed: list[str] = []
         if self._consumer is None:
-            self._consumer = self._make_consumer()
+            self._consumer = self._broker.consumer()
         self._consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
         deadline = time.monotonic() + self.options.read_timeout_s
         while todo:
@@ -75,24 +75,25 @@ class ControlReader:
                 malformed[0],
             )
 
-    def _follow_ends(self, plan: Plan, ends: dict[str, int]) -> None:
-        """A partition whose log end went back (kafka_evidence rule 3: the control topic
-        was re-created or truncated) is read again from its start, and the epochs of a
-        new emitter history are taken as they come."""
-        for partition, end in ends.items():
+    def _follow_ends(self, plan: Plan, now: BrokerView) -> None:
+        """A partition whose offsets went back (``PlannerBroker.control_went_back``: the
+        control topic was re-created or truncated, on Kafka's evidence) is read again
+        from its start, and the epochs of a new emitter history are taken as they come.
+        One below the position without that evidence stands still."""
+        for partition in now.control_ends:
             plan.control.setdefault(partition, 0)
-            if kafka_evidence.log_end_went_back(end, plan.control[partition]):
-                log.warning(
-                    "control topic %s[%s] ends at %d, before this query's position %d: "
-                    "re-created? reading it again from its start",
-                    self.options.control_topic,
-                    partition,
-                    end,
-                    plan.control[partition],
-                )
-                plan.control[partition] = 0
-                plan.aligner.forget_epochs()
-                plan.count("control_went_back")
+        for partition in self._broker.control_went_back(plan.control, now):
+            log.warning(
+                "control topic %s[%s] ends at %d, before this query's position %d, and "
+                "went back (re-created or truncated): reading it again from its start",
+                self.options.control_topic,
+                partition,
+                now.control_ends[partition],
+                plan.control[partition],
+            )
+            plan.control[partition] = 0
+            plan.aligner.forget_epochs()
+            plan.count("control_went_back")
 
     def _take(
         self,

@@ -3,7 +3,8 @@ replay plans the same batch and a restart continues from it (semantics.md §6).
 
 One frozen type, ``SourceOffset``, read everywhere an offset is read, with two wire
 formats: version 2, written since issue 22, and version 1, still read so that
-checkpoints written before it restart (``decode``).
+checkpoints written before it restart (``decode``; every shape of version 1 main wrote,
+one of each in tests/data). An offset it cannot read is one line (``unreadable``).
 
 Version 1 wrote about 155 bytes per partition: the data position twice (``from`` and
 ``data``), then a valve row and an aligner row per partition, each led by its channel's
@@ -60,6 +61,24 @@ class OffsetFormatError(ValueError):
     """An offset this code cannot read (an unknown version, or not an offset)."""
 
 
+def unreadable(version: Any, reason: str | Exception) -> OffsetFormatError:
+    """The one line an unreadable offset gives: where (a Python source is told neither the
+    checkpoint's path nor the batch's id), its version, why, and what to do. ``reason``:
+    why its version is unknown, or what reading an offset of a known version raised."""
+    what = "unknown offset"
+    if isinstance(reason, Exception):
+        named = "" if isinstance(reason, OffsetFormatError) else f"{type(reason).__name__}: "
+        what, reason = "offset", f"not an offset this source wrote ({named}{reason})"
+    newer = type(version) is int and version > OFFSET_VERSION
+    return OffsetFormatError(
+        f"{what} version {version!r} in the checkpoint's offset log (the newest file in "
+        f"offsets/ under the query's checkpointLocation): {' '.join(reason.split())[:300]}; "
+        f"to go on, {'run the newer release that wrote it, or ' if newer else ''}start the "
+        "query on a new checkpointLocation with startingOffsets earliest (reads the topics "
+        "again) or latest (from their ends); the old one's positions and state are not kept"
+    )
+
+
 @dataclass(frozen=True)
 class SourceOffset:
     """One batch's offset: its data ranges (``data_from`` -> ``data``), the positions read
@@ -101,26 +120,31 @@ class SourceOffset:
     # ------------------------------------------------------------------ reading
 
     @classmethod
-    def decode(cls, raw: Mapping[str, Any]) -> SourceOffset:
-        """An offset as Spark hands it back (its JSON, parsed), of any version."""
+    def decode(
+        cls, raw: Mapping[str, Any], *, max_event_time_ahead_ms: int | None = None
+    ) -> SourceOffset:
+        """An offset as Spark hands it back (parsed), of any version, or one line why not."""
+        if not isinstance(raw, Mapping):
+            raise unreadable(None, f"not a JSON object but {type(raw).__name__}")
         version = raw.get("v")
-        if version not in _READABLE_VERSIONS:
-            raise OffsetFormatError(f"unknown offset version {version!r} in the checkpoint")
+        if type(version) is not int or version not in _READABLE_VERSIONS:
+            raise unreadable(version, "this source reads versions 1 and 2")
         try:
-            return cls._decode(raw, int(version))
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            if isinstance(error, OffsetFormatError):
-                raise
-            raise OffsetFormatError(
-                f"not an offset of version {version}: {type(error).__name__}: {error}"
-            ) from error
+            offset = cls._decode(raw, version, max_event_time_ahead_ms)
+            if version == 1:
+                offset._state  # noqa: B018 (its version 2 form: every value checked once)
+            return offset
+        except (LookupError, TypeError, ValueError, AttributeError) as error:
+            raise unreadable(version, error) from error
 
     @classmethod
-    def _decode(cls, raw: Mapping[str, Any], version: int) -> SourceOffset:
+    def _decode(
+        cls, raw: Mapping[str, Any], version: int, max_event_time_ahead_ms: int | None
+    ) -> SourceOffset:
         if version == 1:
             data = _offsets(raw["data"])
             data_from = _offsets(raw["from"])
-            aligner = raw["aligner"]
+            aligner = _version_1_aligner(raw["aligner"])
         else:
             data, data_from, aligner = _decode_partitions(raw)
         return cls(
@@ -132,14 +156,17 @@ class SourceOffset:
             late_threshold=int(raw["late_threshold"]),
             status=str(raw["status"]),
             aligner=aligner,
-            plan_id=str(raw.get("plan_id", "")),
-            query=str(raw.get("query", "")),
-            latest_event_ms=_optional_int(raw.get("latest_event_ms")),
+            # What an older version 1 left out (tests/data) is what its code meant then:
+            plan_id=str(raw.get("plan_id", "")),  # none before 2dd89a8
+            query=str(raw.get("query", "")),  # none before 0d924d2 (progress keys without)
+            latest_event_ms=_latest_event_ms(raw, max_event_time_ahead_ms),
+            # None before 544f4e9: readers judge by the batch's own threshold, no synthetic
+            # record is waited for (as 544f4e9 read an offset without them).
             previous_threshold=_optional_int(raw.get("previous_threshold")),
             previous_batch_id=_optional_int(raw.get("previous_batch_id")),
             counters={str(k): int(v) for k, v in raw.get("counters", {}).items()},
-            progress_wait_ms=int(raw.get("progress_wait_ms", 0)),
-            held=list(raw.get("held", [])),
+            progress_wait_ms=int(raw.get("progress_wait_ms", 0)),  # unmeasured before 8404e02
+            held=list(raw.get("held", [])),  # nothing held before 969c088
             tasks=None if version == 1 else _optional_int(raw.get("tasks")),
             version=version,
         )
@@ -442,6 +469,31 @@ def _watermark_refs(events: list[int | None], out_of_orderness: int) -> list[int
 
 def _offsets(raw: Mapping[str, Mapping[str, Any]]) -> Offsets:
     return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+
+
+def _version_1_aligner(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1's aligner snapshot as the aligner restores it: rows by name (e3eeae9 to
+    8404e02) by place (2dd89a8 on); counters 0d924d2 added start at 0, as they did then."""
+    rows = []
+    for row in snapshot["partitions"]:
+        if len(row) == 2 and isinstance(row[1], Mapping):
+            named = row[1]  # its restore read a missing last_data_ms as None: no data yet
+            fields = ("status", "read_position", "max_record_offset", "newest_event_ms")
+            values = [named[f] for f in (*fields, "epoch", "idle_offset")]
+            rows.append([row[0], *values, named.get("last_data_ms"), list(named["pending"])])
+        elif len(row) == 9:
+            rows.append(row)
+        else:
+            raise OffsetFormatError(f"aligner row {row[:1]} has {len(row)} values, not 9")
+    return {**snapshot, "partitions": rows}
+
+
+def _latest_event_ms(raw: Mapping[str, Any], ahead_ms: int | None) -> int | None:
+    """Version 1 of 0d924d2 logged its planning clock instead (``planned_at_ms``), its
+    readers adding the option as the query ran (off, None: no bound)."""
+    if raw.get("latest_event_ms") is None and raw.get("planned_at_ms") is not None:
+        return None if ahead_ms is None else int(raw["planned_at_ms"]) + ahead_ms
+    return _optional_int(raw.get("latest_event_ms"))
 
 
 def _optional_int(value: Any) -> int | None:

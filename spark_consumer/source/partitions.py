@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from slackwater.list_offsets import Answers
 from spark_consumer.alignment import PartitionBatch
 from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.options import channel
@@ -42,7 +43,7 @@ def follow(
     except KafkaException as error:
         # No answer in time (a leader just died): they stand still until one comes.
         log.info("earliest offsets not answered (%s): asked again next trigger", error)
-        starts = {}
+        starts = Answers()
     new_set = set(new)
     for (topic, partition), offset in starts.items():
         if (topic, partition) in new_set:
@@ -57,6 +58,7 @@ def follow(
             offset,
         )
         plan.data[topic][str(partition)] = offset
+        broker.started_again((topic, partition))
         plan.aligner.restart_at(channel(topic, partition), offset)
         batch.pop(channel(topic, partition), None)
         plan.count("offsets_went_back")

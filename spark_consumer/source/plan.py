@@ -19,7 +19,13 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
-from spark_consumer.source.offset import OffsetFormatError, Offsets, SourceOffset, ranges
+from spark_consumer.source.offset import (
+    OffsetFormatError,
+    Offsets,
+    SourceOffset,
+    ranges,
+    unreadable,
+)
 from spark_consumer.source.options import SourceError, channel
 from spark_consumer.valve import MIN_WATERMARK
 
@@ -95,10 +101,13 @@ def make_offset(
 class PlanMemory:
     """The offset this planner returned last, and the aligner state it left there (None
     once a plan has begun changing it). At 10,000 partitions, decoding an offset and
-    restoring its aligner are tens of milliseconds each."""
+    restoring its aligner are tens of milliseconds each. An offset it cannot read or
+    restore ends the query with one line (``offset.unreadable``), never Python's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_time_ahead_ms: int | None = None) -> None:
         self._last: tuple[SourceOffset, MarkerAligner | None] | None = None
+        # The option as the query runs: an offset of version 1 may need it to decode.
+        self._max_event_time_ahead_ms = max_event_time_ahead_ms
 
     def decoded(self, raw: dict[str, Any]) -> SourceOffset:
         """An offset Spark handed back; the one returned last is not read again."""
@@ -106,7 +115,7 @@ class PlanMemory:
         if last is not None and last[0].plan_id and raw.get("plan_id") == last[0].plan_id:
             return last[0]
         try:
-            return SourceOffset.decode(raw)
+            return SourceOffset.decode(raw, max_event_time_ahead_ms=self._max_event_time_ahead_ms)
         except OffsetFormatError as error:
             raise SourceError(str(error)) from error
 
@@ -128,7 +137,11 @@ class PlanMemory:
         if last is not None and last[1] is not None and last[0].plan_id == offset.plan_id:
             self._last = (last[0], None)  # changed from here on
             return last[1]
-        return MarkerAligner.restore(offset.aligner, channel_of=channel_of)
+        try:
+            return MarkerAligner.restore(offset.aligner, channel_of=channel_of)
+        except (LookupError, TypeError, ValueError, AttributeError) as error:
+            # Decoding checked the offset's form, not every value (a pending marker's).
+            raise SourceError(str(unreadable(offset.version, error))) from error
 
 
 def plan_of(offset: SourceOffset, aligner: MarkerAligner) -> Plan:

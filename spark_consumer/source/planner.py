@@ -65,9 +65,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self.options = options
         # The view of the broker every room plans on (a test's may answer otherwise).
         self.broker = broker or PlannerBroker(options)
-        self.control = ControlReader(options, self.broker.consumer, self._channel_of)
+        self.control = ControlReader(options, self.broker, self._channel_of)
         self.progress = ProgressCollector(options, self.broker)
-        self._memory = PlanMemory()
+        self._memory = PlanMemory(options.max_event_time_ahead_ms)
         # Whether this reader has planned yet: its first plan restores a checkpoint.
         self._planned = False
         # Whether the broker did not answer a plan since the last plan it answered.
@@ -130,7 +130,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         broker_partitions.follow(plan, now, batch, self.broker)
         self.control.release_held(plan)
         # 4. New markers are read up to the ends seen in step 1.
-        self.control.read(plan, now.control_ends)
+        self.control.read(plan, now)
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
         #    counts wall time between plans that saw the broker, not for partitions
@@ -170,7 +170,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             with contextlib.suppress(KafkaException):
                 self.broker.ensure_progress_topic()
             self._progress_topic_checked = True
-        tasks, synthetic = batch_tasks(self.options, end)
+        tasks, synthetic = batch_tasks(self.options, end, self.broker.topic_ids)
         return [*tasks, synthetic] if synthetic is not None else tasks
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from slackwater import kafka_evidence
+from slackwater import kafka_clients, kafka_evidence
 from spark_consumer.source.options import SourceError, SourceOptions
 
 log = logging.getLogger("spark_consumer.source.readers")
@@ -30,6 +30,8 @@ class Reading:
     partition: int
     start: int
     end: int
+    # Its topic's id when the range was planned (None: not known then).
+    topic_id: str | None = None
     position: int = -1
     lost: int = 0
     # Answers in a row that its topic or partition does not exist.
@@ -61,38 +63,94 @@ def follow_gone(
     """Ranges whose records are gone move past them (failOnDataLoss=false) or stop the
     query; a range that failed with its records there fails the task. One metadata
     request per topic: while the broker cannot answer, nothing is asked per partition.
-    True if a range moved."""
+    True if a range moved.
+
+    Records are gone only on Kafka's evidence (kafka_evidence): the topic or partition
+    said missing twice (rules 1, 2), or the fetch itself out of range (rule 7), then the
+    log start and end say how far (rule 4). A range that is only quiet, or one low
+    watermark answer, is never that: a leader moving answers low once."""
     moved = False
+    fetch_again: list[Reading] = []
     described: dict[str, Any] = {}
+    ids_now = _TopicIdsNow(options)
     for key, failure in stalled.items():
         current = open_ranges.get(key)
         if current is None or current.done:
             continue  # read whole (in the consume call that brought the error): nothing lost
         if current.topic not in described:
             described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
+        out_of_range = failure is not None and kafka_evidence.fetch_out_of_range(failure)
         gone_until, missing = _gone_until(
-            consumer, current, described[current.topic], options.request_timeout_s
+            consumer, current, described[current.topic], options.request_timeout_s, out_of_range
         )
+        if gone_until is None and missing is False and not out_of_range:
+            gone_until = _recreated_under(consumer, current, ids_now, options.request_timeout_s)
         if current.missing.answer(missing):  # (kafka_evidence rule 2: told twice)
             gone_until = current.end  # the topic or partition is gone, the range too
         if gone_until is not None:
             current.lost += _lose(options, current, gone_until)
             current.move_to(gone_until)
             moved = True
-            continue
-        if failure is not None:
+        elif out_of_range:
+            # The log start and end do not bear the fetch out (a stale answer): fetched
+            # again from the position, which fetches the evidence again.
+            log.info("%s[%d] at %d: %s; fetched again", key[0], key[1], current.position, failure)
+            fetch_again.append(current)
+        elif failure is not None:
             raise options.refused(
                 failure, f"read topic {current.topic} (partition {current.partition})", READER_GROUP
             ) or SourceError(
                 f"reading {current.topic}[{current.partition}] at {current.position}: {failure}"
             )
-    if moved:
+    if moved or fetch_again:
         # Fetching starts again where each range now is (a partition whose records were
         # out of range stopped fetching).
         consumer.assign(
             [TopicPartition(r.topic, r.partition, r.position) for r in open_ranges.values()]
         )
     return moved
+
+
+class _TopicIdsNow:
+    """Topic ids asked of the broker (DescribeTopics), through an Admin client made only
+    when one is asked for: a reader needs one only when a range stays below its end."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._admin: Any = None
+        self._ids: dict[str, str | None] = {}
+
+    def __call__(self, topic: str) -> str | None:
+        if topic not in self._ids:
+            if self._admin is None:
+                from confluent_kafka.admin import AdminClient
+
+                self._admin = AdminClient(self._options.client_config())
+            timeout_s = self._options.request_timeout_s
+            self._ids[topic] = kafka_clients.topic_ids(self._admin, [topic], timeout_s).get(topic)
+        return self._ids[topic]
+
+
+def _recreated_under(
+    consumer: Any, split: Reading, topic_id_now: _TopicIdsNow, timeout_s: float
+) -> int | None:
+    """The range's end if its topic was re-created since it was planned: the log ends at
+    or before the position, below the planned end (nothing more of the range can come,
+    so no fetch will ever say out of range), and the topic's id is another (kafka_evidence
+    rule 6). A lower end with the same id is a stale leader's: the range waits."""
+    if split.topic_id is None:
+        return None  # planned without the id (a replay before any plan): cannot tell
+    try:
+        _, log_end = consumer.get_watermark_offsets(
+            TopicPartition(split.topic, split.partition), timeout=timeout_s
+        )
+    except KafkaException:
+        return None
+    if not (log_end <= split.position and kafka_evidence.lower_end(int(log_end), split.end)):
+        return None
+    if kafka_evidence.topic_recreated(topic_id_now(split.topic), split.topic_id):
+        return split.end
+    return None
 
 
 # What _describe answers when the broker cannot tell now.
@@ -108,19 +166,22 @@ def _describe(consumer: Any, topic: str, timeout_s: float) -> Any:
 
 
 def _gone_until(
-    consumer: Any, split: Reading, described: Any, timeout_s: float
+    consumer: Any, split: Reading, described: Any, timeout_s: float, out_of_range: bool
 ) -> tuple[int | None, bool | None]:
     """Where the records gone from the range's position on end (``[position, x)``), or
-    None when they are there (kafka_evidence rule 4: retention moved the log start past
-    the position, or the offsets went back). And whether the broker says the topic (or
-    partition) does not exist (rule 1), which the caller believes only when told twice
-    (rule 2); None if it could not tell."""
+    None when they are there (kafka_evidence rule 4, asked only when the fetch was
+    ``out_of_range``, rule 7: retention moved the log start past the position, or the
+    offsets went back). And whether the broker says the topic (or partition) does not
+    exist (rule 1), which the caller believes only when told twice (rule 2); None if it
+    could not tell."""
     if described is _CANNOT_TELL:
         return None, None  # the broker cannot tell now: keep reading until the timeout
     if kafka_evidence.partition_missing(described, split.partition):
         # Nothing to ask of a partition the broker does not know: asking would wait for
         # a leader until the timeout, or get an answer from a log on its way out.
         return None, True
+    if not out_of_range:
+        return None, False  # there, and no evidence that anything is gone
     try:
         log_start, log_end = consumer.get_watermark_offsets(
             TopicPartition(split.topic, split.partition), timeout=timeout_s

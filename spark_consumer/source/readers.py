@@ -52,7 +52,8 @@ def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.Record
         options.late_rule if options.late_output is not None else None,
         task.latest_event_ms,
     )
-    reading = {(t, p): Reading(t, p, a, b) for t, p, a, b in task.ranges}
+    ids = dict(task.topic_ids)
+    reading = {(t, p): Reading(t, p, a, b, topic_id=ids.get(t)) for t, p, a, b in task.ranges}
     with reader_clients.borrowed_consumer(_reader_config(options)) as lease:
         yield from _read(lease, options, builder, reading)
     _finish_task(options, task, builder, reading, batch_id)

@@ -14,7 +14,7 @@ the key the driver waits for come from one split (``TaskPartition.progress_key``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
@@ -86,6 +86,9 @@ class TaskPartition(InputPartition):
     # The event-time name in its progress key, set where the planner makes the task:
     # its reader writes, and the planner waits for, the key of this one split.
     event_time: str = "timestamp"
+    # (topic, id) of its ranges' topics as the planner knew them: a reader whose range
+    # stays below its end tells a re-created topic by its new id (kafka_evidence rule 6).
+    topic_ids: tuple[tuple[str, str], ...] = ()
 
     def progress_key(self, event_time: str | None = None) -> str:
         """The key of the progress record its reader writes."""
@@ -173,7 +176,7 @@ def spark_batch_id() -> int | None:
 
 
 def batch_tasks(
-    options: SourceOptions, end: SourceOffset
+    options: SourceOptions, end: SourceOffset, topic_ids: Mapping[str, str] | None = None
 ) -> tuple[list[TaskPartition], SyntheticPartition | None]:
     """The tasks of the batch that ends at ``end``: its reader tasks (its ranges grouped
     as the offset says), and its synthetic row once the valve has a watermark. The
@@ -190,6 +193,7 @@ def batch_tasks(
             latest_event_ms=end.latest_event_ms,
             legacy=end.tasks is None,
             event_time=options.event_time_field or "timestamp",
+            topic_ids=_ids_of(ranges, topic_ids or {}),
         )
         for ranges in group_ranges(end.ranges(), end.tasks)
     ]
@@ -201,3 +205,7 @@ def batch_tasks(
             synthetic_progress_key(end.plan_id),
         )
     return tasks, synthetic
+
+
+def _ids_of(ranges: Sequence[Range], topic_ids: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({(r[0], topic_ids[r[0]]) for r in ranges if r[0] in topic_ids}))
