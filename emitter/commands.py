@@ -11,9 +11,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
-from emitter.config import EmitterConfig
+from emitter.config import ControlConfig, EmitterConfig
 from emitter.control_topic import (
     ControlTopicError,
     ControlTopicReader,
@@ -24,6 +24,7 @@ from emitter.control_topic import (
 from slackwater import kafka_clients, kafka_logging
 from slackwater.cli import Commands
 from slackwater.cli_types import (
+    add_kafka_arguments,
     duration,
     ensure_port_free,
     log_level,
@@ -33,7 +34,7 @@ from slackwater.cli_types import (
 )
 from slackwater.lifecycle import stop_on_signals
 from slackwater.markers import EpochClaim, FinishRequest, Marker, MarkerStatus
-from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args, parse_key_values
+from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args, load_config
 
 
 def add_emit_command(commands: Commands, name: str) -> None:
@@ -98,20 +99,17 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["true", "false"],
         help="per-partition series on /metrics (default true; false: per-topic aggregates)",
     )
-    parser.add_argument(
-        "--kafka-config",
-        action="append",
-        metavar="KEY=VALUE",
-        help="librdkafka setting, e.g. security.protocol=SASL_SSL (repeat)",
-    )
+    add_kafka_arguments(parser)
     parser.add_argument("--emitter-id", help="identity in markers (default host-random)")
     parser.add_argument("--log-level", type=log_level, default="INFO")
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("--control-topic", required=True, type=topic_name, metavar="C")
-    parser.add_argument("--kafka-config", action="append", default=[], metavar="KEY=VALUE")
+    """``finish``'s and ``status``'s settings (ControlConfig): these flags, or
+    SLACKWATER_BOOTSTRAP_SERVERS, SLACKWATER_CONTROL_TOPIC, SLACKWATER_KAFKA_CONFIG[_FILE]."""
+    parser.add_argument("--bootstrap-servers", metavar="HOST:PORT")
+    parser.add_argument("--control-topic", type=topic_name, metavar="C")
+    add_kafka_arguments(parser)
     parser.add_argument("--timeout", type=positive_seconds, default=10.0, metavar="SECONDS")
 
 
@@ -132,7 +130,8 @@ def run_emit(args: argparse.Namespace) -> int:
     try:
         emitter = Emitter(config)
     except KafkaException as error:
-        print(f"slackwater emit: invalid Kafka settings: {error}", file=sys.stderr)
+        line = kafka_logging.without_secrets(str(error), config.kafka_config)
+        print(f"slackwater emit: invalid Kafka settings: {line}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as error:
         print(f"slackwater emit: cannot serve metrics: {error}", file=sys.stderr)
@@ -140,58 +139,79 @@ def run_emit(args: argparse.Namespace) -> int:
     return emitter.run(stop)
 
 
-def _kafka_config(args: argparse.Namespace) -> dict[str, str] | None:
+def _control_config(args: argparse.Namespace) -> ControlConfig | None:
+    """``finish``'s and ``status``'s settings, or None after one line saying why not. From
+    here on librdkafka's own lines are left out: the command's one line names a failure."""
+    kafka_logging.leave_out_client_lines()
+    given = {
+        "bootstrap_servers": args.bootstrap_servers,
+        "control_topic": args.control_topic,
+        "kafka_config": args.kafka_config,
+        "kafka_config_file": args.kafka_config_file,
+    }
     try:
-        return parse_key_values(args.kafka_config)
-    except ValueError as error:
-        print(
-            f"slackwater {args.command}: invalid config field 'kafka_config': {error}",
-            file=sys.stderr,
-        )
+        return load_config(ControlConfig, given)
+    except ConfigError as error:
+        print(f"slackwater {args.command}: {error}", file=sys.stderr)
         return None
+
+
+def _say(args: argparse.Namespace, config: ControlConfig, problem: object) -> None:
+    """The command's one line on stderr, without the value of any secret setting."""
+    line = kafka_logging.without_secrets(
+        f"slackwater {args.command}: {problem}", config.kafka_config
+    )
+    print(line, file=sys.stderr)
+
+
+def _refused_settings(error: KafkaException) -> bool:
+    """Whether librdkafka would not make a client of these settings."""
+    return bool(error.args) and error.args[0].code() == KafkaError._INVALID_ARG
+
+
+def _settings_problem(error: KafkaException) -> str:
+    """A client librdkafka would not make: a setting it does not know, or cannot read."""
+    return f"invalid Kafka settings: {_words(error)}"
 
 
 def _broker_problem(error: Exception, kafka: dict[str, str], client: Any = None) -> str:
     """Why a request failed, in one line: a failed authentication by name (librdkafka
     reports a request after one as a transport failure, and tells the client's error
-    callback, served by its poll), else the error itself."""
+    callback, served by its poll), else the error with the last one a client reported
+    (a refused connection, an unknown host: librdkafka's lines are not printed)."""
     if client is not None:
         client.poll(0)
     failure = kafka_logging.authentication_failure()
-    if failure is None:
-        return str(error)
-    return kafka_logging.authentication_problem(failure, kafka)
+    if failure is not None:
+        return kafka_logging.authentication_problem(failure, kafka)
+    said = _words(error)
+    last = kafka_logging.last_error()
+    return said if last is None else f"{said} (last: {last.str()})"
+
+
+def _words(error: Exception) -> str:
+    """librdkafka's words for a KafkaException (not its KafkaError{code=...} dump)."""
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        return str(error.args[0].str())
+    return str(error)
 
 
 def run_finish(args: argparse.Namespace) -> int:
-    kafka = _kafka_config(args)
-    if kafka is None:
+    config = _control_config(args)
+    if config is None:
         return EXIT_CONFIG
     if args.partition < 0:
-        print("slackwater finish: invalid config field 'partition': must be >= 0", file=sys.stderr)
+        _say(args, config, "invalid config field 'partition': must be >= 0")
         return EXIT_CONFIG
-    admin = kafka_clients.admin_client("finish", args.bootstrap_servers, kafka)
+    kafka = config.kafka_config
     try:
-        topics = admin.list_topics(timeout=args.timeout).topics
+        admin = kafka_clients.admin_client("finish", config.bootstrap_servers, kafka)
     except KafkaException as error:
-        problem = _broker_problem(error, kafka, admin)
-        if not problem.startswith("authentication"):
-            problem = f"broker unreachable: {problem}"
-        print(f"slackwater finish: {problem}", file=sys.stderr)
-        return 1
-    if args.control_topic not in topics:
-        print(
-            f"slackwater finish: control topic {args.control_topic!r} does not exist "
-            "(start the emitter first)",
-            file=sys.stderr,
-        )
-        return 1
-    data = topics.get(args.topic)
-    if data is None or args.partition not in data.partitions:
-        print(
-            f"slackwater finish: no partition {args.topic}:{args.partition} on the broker",
-            file=sys.stderr,
-        )
+        _say(args, config, _settings_problem(error))
+        return EXIT_CONFIG
+    problem = _finish_target_problem(args, config, admin)
+    if problem is not None:
+        _say(args, config, problem)
         return 1
     request = FinishRequest(
         topic=args.topic,
@@ -199,11 +219,11 @@ def run_finish(args: argparse.Namespace) -> int:
         requested_at=time.time_ns() // 1_000_000,
         requested_by=f"{getpass.getuser()}@{socket.gethostname()}",
     )
-    writer = ControlTopicWriter(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
+    writer = ControlTopicWriter(config.bootstrap_servers, config.control_topic, kafka, args.timeout)
     try:
         writer.write(request)
     except ControlTopicError as error:
-        print(f"slackwater finish: {error}", file=sys.stderr)
+        _say(args, config, error)
         return 1
     finally:
         writer.close()
@@ -214,13 +234,30 @@ def run_finish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finish_target_problem(
+    args: argparse.Namespace, config: ControlConfig, admin: Any
+) -> str | None:
+    """None if the control topic and the partition to finish exist, else why not."""
+    try:
+        topics = admin.list_topics(timeout=args.timeout).topics
+    except KafkaException as error:
+        problem = _broker_problem(error, config.kafka_config, admin)
+        return problem if problem.startswith("authentication") else f"broker unreachable: {problem}"
+    if config.control_topic not in topics:
+        return f"control topic {config.control_topic!r} does not exist (start the emitter first)"
+    data = topics.get(args.topic)
+    if data is None or args.partition not in data.partitions:
+        return f"no partition {args.topic}:{args.partition} on the broker"
+    return None
+
+
 def run_status(args: argparse.Namespace) -> int:
-    kafka = _kafka_config(args)
-    if kafka is None:
+    config = _control_config(args)
+    if config is None:
         return EXIT_CONFIG
-    read = _read_control_topic(args, kafka)
-    if read is None:
-        return 1
+    read = _read_control_topic(args, config)
+    if isinstance(read, int):
+        return read
     rows = status_rows(read)
     emitters = _emitters(read)
     if args.json:
@@ -233,26 +270,29 @@ def run_status(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))
     else:
-        _print_status(args.control_topic, rows, emitters, read)
+        _print_status(config.control_topic, rows, emitters, read)
     return 0
 
 
-def _read_control_topic(args: argparse.Namespace, kafka: dict[str, str]) -> ReadBack | None:
-    """The whole control topic, or None after one line on stderr saying why not."""
+def _read_control_topic(args: argparse.Namespace, config: ControlConfig) -> ReadBack | int:
+    """The whole control topic, or the exit code after one line on stderr saying why not."""
+    kafka = config.kafka_config
     try:
-        reader = ControlTopicReader(args.bootstrap_servers, args.control_topic, kafka, args.timeout)
-    except (KafkaException, KeyError) as error:
-        problem = _broker_problem(error, kafka) if isinstance(error, KafkaException) else error
-        print(
-            f"slackwater status: cannot read control topic {args.control_topic!r}: {problem}",
-            file=sys.stderr,
+        reader = ControlTopicReader(
+            config.bootstrap_servers, config.control_topic, kafka, args.timeout
         )
-        return None
+    except (KafkaException, KeyError) as error:
+        if isinstance(error, KafkaException) and _refused_settings(error):
+            _say(args, config, _settings_problem(error))
+            return EXIT_CONFIG
+        problem = _broker_problem(error, kafka) if isinstance(error, KafkaException) else error
+        _say(args, config, f"cannot read control topic {config.control_topic!r}: {problem}")
+        return 1
     try:
         return reader.read_to_end()
     except (ControlTopicError, KafkaException) as error:
-        print(f"slackwater status: {_broker_problem(error, kafka)}", file=sys.stderr)
-        return None
+        _say(args, config, _broker_problem(error, kafka))
+        return 1
     finally:
         reader.close()
 

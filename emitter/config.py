@@ -1,4 +1,5 @@
-"""The emitter's configuration: one frozen model for flags, YAML and SLACKWATER_* variables."""
+"""The configurations of ``emit`` and of ``finish`` and ``status``: frozen models for flags,
+YAML (``emit``'s) and SLACKWATER_* variables."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -17,7 +18,7 @@ from pydantic import (
 )
 
 from slackwater.markers import TOPIC_NAME_PATTERN
-from slackwater.settings import DurationMs, KafkaConfig
+from slackwater.settings import DurationMs, KafkaSettings
 
 _TOPIC = re.compile(TOPIC_NAME_PATTERN)
 
@@ -32,7 +33,7 @@ def _default_emitter_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
-class EmitterConfig(BaseModel):
+class EmitterConfig(KafkaSettings):
     """Settings of ``slackwater emit``. Durations take '500ms', '3s', '5m'."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -48,7 +49,7 @@ class EmitterConfig(BaseModel):
     # Per-partition series on /metrics; false keeps per-topic aggregates only (clusters
     # with tens of thousands of partitions).
     metrics_per_partition: bool = True
-    kafka_config: KafkaConfig = Field(default_factory=dict)
+    # kafka_config, kafka_config_file: KafkaSettings'.
     emitter_id: str = Field(default_factory=_default_emitter_id, min_length=1)
     # A topic missing from this many successful metadata polls in a row counts
     # as deleted (its partitions become FINISHED); one glitch must not finish a topic.
@@ -80,8 +81,22 @@ class EmitterConfig(BaseModel):
     @field_validator("bootstrap_servers")
     @classmethod
     def _host_ports(cls, servers: str) -> str:
-        for server in servers.split(","):
-            host, sep, port = server.strip().rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {servers!r}")
-        return servers
+        return host_ports(servers)
+
+
+def host_ports(servers: str) -> str:
+    for server in servers.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {servers!r}")
+    return servers
+
+
+class ControlConfig(KafkaSettings):
+    """Settings of ``slackwater finish`` and ``status`` (the control topic's, from flags and
+    SLACKWATER_* variables: an emitter's own variables serve them in its container)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: Annotated[str, Field(min_length=1), AfterValidator(host_ports)]
+    control_topic: Annotated[str, Field(pattern=TOPIC_NAME_PATTERN)]

@@ -91,3 +91,18 @@ def ensure_port_free(host: str, number: int) -> str | None:
         except OSError as error:
             return f"cannot listen on {host}:{number}: {error.strerror or error}"
     return None
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Kafka client settings every command that talks to Kafka takes (KafkaSettings)."""
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        metavar="KEY=VALUE",
+        help="librdkafka setting, e.g. security.protocol=SASL_SSL (repeat); over the file's",
+    )
+    parser.add_argument(
+        "--kafka-config-file",
+        metavar="PATH",
+        help="librdkafka settings in a Java-style properties file (passwords: not in flags)",
+    )

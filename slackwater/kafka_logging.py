@@ -85,6 +85,9 @@ def client_logging(client: str) -> dict[str, Any]:
         if _credentials_refused(error):
             _authentication_failures.pop(client, None)  # the newest last
             _authentication_failures[client] = error
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:  # says no more than the one before
+            _last_errors.pop(client, None)
+            _last_errors[client] = error
 
     return {"logger": logger, "error_cb": on_error}
 
@@ -110,6 +113,38 @@ def _credentials_refused(error: KafkaError) -> bool:
 # it to error_cb and goes on retrying; a request then fails as a "transport failure",
 # so a command that gives up names this instead (authentication_failure).
 _authentication_failures: dict[str, KafkaError] = {}
+
+
+# The last error each client of this process reported, whatever it was.
+_last_errors: dict[str, KafkaError] = {}
+
+
+def last_error() -> KafkaError | None:
+    """The last error any client here reported (a refused connection, say): what a
+    command that gives up names, its request's own error being "transport failure"."""
+    return next(reversed(_last_errors.values()), None)
+
+
+def leave_out_client_lines() -> None:
+    """For a command that gives up with one line of its own (``finish``, ``status``):
+    librdkafka's lines, which tell what it retried meanwhile, are not printed; that one
+    line names the failure (authentication_failure, last_error)."""
+    logging.getLogger(LOGGER_NAME).setLevel(logging.CRITICAL + 1)
+
+
+# The names of settings whose values are secrets: Spark's spark.redaction.regex (its
+# default), and PEM text (librdkafka's ssl.key.pem) and JAAS lines (Kafka's Java clients').
+_SECRET_SETTING = re.compile(r"(?i)secret|password|token|access[.]?key|pem|jaas")
+REDACTED = "*********(redacted)"
+
+
+def without_secrets(line: str, kafka_config: Mapping[str, Any]) -> str:
+    """``line`` with the value of every secret setting of ``kafka_config`` blotted out,
+    as Spark shows them: the last guard of a line that quotes what a client was told."""
+    for name, value in kafka_config.items():
+        if value and _SECRET_SETTING.search(name):
+            line = line.replace(str(value), REDACTED)
+    return line
 
 
 def authentication_failure() -> KafkaError | None:

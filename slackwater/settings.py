@@ -4,7 +4,8 @@ Precedence, lowest first: field defaults < ``--config FILE.yaml`` <
 ``SLACKWATER_<FIELD>`` environment variables < command-line flags. Unknown
 YAML keys are errors (the models forbid extra fields). Every problem becomes
 one :class:`ConfigError` line naming the field, which the CLI turns into
-exit code 2.
+exit code 2. Kafka's settings (:class:`KafkaSettings`) also come from a properties
+file, ``kafka_config_file``, under ``kafka_config``'s entries, setting by setting.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+
+from slackwater.properties import PropertiesError, read_properties
 
 ENV_PREFIX = "SLACKWATER_"
 # The exit code of every command for a configuration problem.
@@ -128,8 +131,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
-        message = f"config file {path} is not valid YAML: {error}".replace("\n", " ")
-        raise ConfigError(message) from None
+        # PyYAML's message quotes the line it stopped at, which may hold a password.
+        problem = getattr(error, "problem", None) or "not a YAML document"
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {problem}{where}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -141,3 +147,28 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 # Extra Kafka client settings: a mapping, or 'key=value,key=value' text.
 KafkaConfig = Annotated[dict[str, str], BeforeValidator(parse_key_values)]
+
+
+class KafkaSettings(BaseModel):
+    """The Kafka client settings of every command that talks to Kafka: those of
+    ``kafka_config_file`` (a Java-style properties file, slackwater/properties.py), then
+    ``kafka_config``'s entries over them, setting by setting, as Kafka's tools put
+    ``--producer-property`` over ``--producer.config``."""
+
+    kafka_config: KafkaConfig = Field(default_factory=dict)
+    kafka_config_file: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _under_the_entries(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or not data.get("kafka_config_file"):
+            return data
+        try:
+            from_file = read_properties(Path(str(data["kafka_config_file"])))
+        except PropertiesError as error:
+            raise ValueError(f"kafka_config_file: {error}") from None
+        try:
+            entries = parse_key_values(data.get("kafka_config") or {})
+        except ValueError as error:
+            raise ValueError(f"kafka_config: {error}") from None
+        return {**data, "kafka_config": {**from_file, **entries}}

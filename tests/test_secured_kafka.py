@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -34,6 +34,9 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -515,21 +518,113 @@ def test_a_broker_certificate_the_client_cannot_verify_is_one_line(
     assert PASSWORDS["orders-job"] not in status.stderr + status.stdout
 
 
+def properties_file(path: Path, settings: dict[str, str]) -> Path:
+    """Kafka client settings as a properties file for ``--kafka-config-file``, readable by
+    its owner alone (docs/deploy.md): a backslash escaped, anything else as it is."""
+    escaped = {name: value.replace("\\", "\\\\") for name, value in settings.items()}
+    path.write_text("".join(f"{name}={value}\n" for name, value in escaped.items()))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.mark.parametrize("command", ["finish", "status"])
 def test_wrong_credentials_are_one_line_and_a_non_zero_exit(
-    secured: KafkaBroker, topics: Topics, command: str
+    secured: KafkaBroker, topics: Topics, command: str, tmp_path: Path
 ) -> None:
+    """Exactly one line on stderr: librdkafka's own (the refused authentication, "1/1
+    brokers are down") are not printed; the command's line says it all."""
     arguments = (
         ["--topic", topics.data, "--partition", "0", "--timeout", "10"]
         if command == "finish"
         else []
     )
     wrong = f"not-the-password-{uuid.uuid4().hex[:6]}"
-    result = _command_as("ops", secured, topics, command, *arguments, password=wrong)
-    line = _one_failure_line(result)
-    assert line.startswith(f"slackwater {command}: ")
-    assert "authentication failed as 'ops'" in line
+    client = properties_file(tmp_path / "ops.properties", credentials("ops", wrong))
+    result = run_cli(
+        command, "--bootstrap-servers", secured.bootstrap_servers,
+        "--control-topic", topics.control, *arguments, "--kafka-config-file", str(client),
+        timeout_s=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"slackwater {command}: "), lines[0]
+    assert "authentication failed as 'ops': " in lines[0], lines[0]
+    assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in lines[0], lines[0]
     assert wrong not in result.stderr + result.stdout
+
+
+def test_status_reads_a_password_of_commas_equals_signs_and_backslashes_from_a_file(
+    secured: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """A user made for the test with such a password, the rights of docs/deploy.md's job
+    principal, and its settings in a properties file: status authenticates and lists."""
+    user = f"job-{uuid.uuid4().hex[:6]}"
+    password = f"p,a=s:s#w!o\\r d,sasl.username=x-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    scram = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    made = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion(user, scram, password.encode())]
+    )
+    for future in made.values():
+        future.result(30)
+    bindings = [
+        AclBinding(
+            b.restype, b.name, b.resource_pattern_type, f"User:{user}", b.host, b.operation,
+            b.permission_type,
+        )
+        for name in (CONTROL, "slackwater-")
+        for b in _rights(topics, "User:orders-job", name)
+    ]  # fmt: skip
+    _change_acls(admin, True, bindings)
+    settings = {**credentials("orders-job"), "sasl.username": user, "sasl.password": password}
+    wait_until(lambda: _sees(secured, settings, topics.control), DEADLINE_S, f"{user}'s rights")
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.marker(1, IDLE)
+    client = properties_file(tmp_path / "job.properties", settings)
+    status = run_cli(
+        "status", "--bootstrap-servers", secured.bootstrap_servers,
+        "--control-topic", topics.control, "--kafka-config-file", str(client),
+        timeout_s=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert [tuple(line.split()[:2]) for line in status.stdout.splitlines()][:1] == [
+        (f"{topics.data}:1", "IDLE")
+    ]
+    assert password not in status.stdout + status.stderr
+
+
+def _sees(node: KafkaBroker, settings: dict[str, str], topic: str) -> bool:
+    """Whether a client with ``settings`` authenticates and is shown ``topic`` (ACLs just
+    made reach the broker's authorizer a moment later)."""
+    client = AdminClient({"bootstrap.servers": node.bootstrap_servers, **settings, "log_level": 0})
+    try:
+        return topic in client.list_topics(timeout=5).topics
+    except KafkaException:
+        return False
+
+
+def test_finish_takes_every_setting_from_the_environment_and_the_file(
+    secured: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """As in the emitter's container: SLACKWATER_* variables, the password in a file."""
+    client = properties_file(tmp_path / "ops.properties", credentials("ops"))
+    wait_until(
+        lambda: _sees(secured, credentials("ops"), topics.control), DEADLINE_S, "ops' rights"
+    )
+    environment = {
+        **os.environ,
+        "SLACKWATER_BOOTSTRAP_SERVERS": secured.bootstrap_servers,
+        "SLACKWATER_CONTROL_TOPIC": topics.control,
+        "SLACKWATER_KAFKA_CONFIG_FILE": str(client),
+    }
+    result = subprocess.run(
+        [*SLACKWATER, "finish", "--topic", topics.data, "--partition", "1"],
+        capture_output=True, text=True, timeout=120, check=False, env=environment,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"finish requested for {topics.data}:1"), result.stdout
+    assert result.stderr == ""
 
 
 def test_finish_without_the_right_to_write_the_control_topic_is_one_line(

@@ -486,6 +486,46 @@ def test_a_recreated_topic_starts_again_or_stops_the_query(
         driven.stop()
 
 
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_topic_recreated_while_the_query_was_down_is_known_by_its_id(
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
+) -> None:
+    """kafka_evidence rule 6 across a restart: the offset keeps the topic's id (and its
+    leader epochs), so the restarted planner knows the new topic for another one.
+    Without it, the new log ending below the position stood still: its records were
+    skipped once it passed the position."""
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    given = options(
+        broker.bootstrap_servers, topic, control, failOnDataLoss=_text(fail_on_data_loss)
+    )
+    first = Driven.start(given)
+    try:
+        first.step()  # [0, 10) read
+        first.step()
+    finally:
+        first.stop()
+    kept = first.offset["kafka"]
+    assert set(kept["ids"]) == {topic, control} and kept["epochs"][topic] == 0
+    _delete_topic(admin, topic)
+    wait_until(lambda: _created(admin, topic), 60, f"{topic} created again")
+    Writer(broker.bootstrap_servers, topic, control).data(0, 30, 31, 32)
+    restarted = Driven(SlackwaterStreamReader(SourceOptions.parse(given)), first.offset)
+    try:
+        if fail_on_data_loss:
+            with pytest.raises(
+                SourceError, match=rf"{topic}\[0\]'s log end went back .* re-created"
+            ):
+                restarted.step()
+            return
+        rows = real(restarted.step())
+        assert restarted.counter("offsets_went_back") == 1
+        rows += _step_until(restarted, lambda: restarted.counter("records") == 13, "3 records")
+        assert [row["offset"] for row in rows] == [0, 1, 2]  # the new topic's, from its start
+    finally:
+        restarted.stop()
+
+
 class _LowBroker(PlannerBroker):
     """The real broker's answers, but while ``low`` the plans see ``topic``'s partition
     0 end at 0, answered in the leader epoch ``epoch_ahead`` past the real answer's: what

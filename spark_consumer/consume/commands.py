@@ -7,7 +7,16 @@ import logging
 import sys
 
 from slackwater.cli import Commands
-from slackwater.cli_types import directory, duration, ensure_port_free, log_level, port, topic_name
+from slackwater.cli_types import (
+    add_kafka_arguments,
+    directory,
+    duration,
+    ensure_port_free,
+    log_level,
+    port,
+    topic_name,
+)
+from slackwater.kafka_logging import without_secrets
 from slackwater.lifecycle import stop_on_signals
 from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args
 
@@ -92,7 +101,7 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=port)
-    parser.add_argument("--kafka-config", action="append", metavar="KEY=VALUE")
+    add_kafka_arguments(parser)
     parser.add_argument("--log-level", type=log_level, default="INFO")
     parser.add_argument(
         "--verbose", action="store_true", help="Spark's own log at INFO (default: errors only)"
@@ -142,10 +151,8 @@ def run_consume(args: argparse.Namespace) -> int:
         for query in job.queries():
             failure = query.exception()
             if failure is not None:
-                print(
-                    f"slackwater consume: the streaming query failed: {failure_line(failure)}",
-                    file=sys.stderr,
-                )
+                line = without_secrets(failure_line(failure), config.kafka_config)
+                print(f"slackwater consume: the streaming query failed: {line}", file=sys.stderr)
                 return 1
         return 0
     finally:

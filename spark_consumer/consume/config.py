@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from slackwater.markers import TOPIC_NAME_PATTERN as _TOPIC
 from slackwater.settings import (
     DurationMs,
-    KafkaConfig,
+    KafkaSettings,
     parse_duration_ms,
     parse_optional_duration_ms,
 )
@@ -25,7 +25,7 @@ def _as_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
-class ConsumerConfig(BaseModel):
+class ConsumerConfig(KafkaSettings):
     """Settings of ``slackwater consume`` (:mod:`spark_consumer.consume.job`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,7 +61,7 @@ class ConsumerConfig(BaseModel):
     compare: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)
-    kafka_config: KafkaConfig = Field(default_factory=dict)
+    # kafka_config, kafka_config_file: KafkaSettings'.
 
     @model_validator(mode="after")
     def _consistent(self) -> ConsumerConfig:

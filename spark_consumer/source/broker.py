@@ -24,6 +24,7 @@ from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
 from spark_consumer.source.offset import Offsets
 from spark_consumer.source.options import SOURCE_CLIENT, SourceError, SourceOptions
+from spark_consumer.source.seen_in import SeenIn
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
 log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
@@ -62,9 +63,10 @@ class PlannerBroker:
         self._admin: Any = None
         # What the query's positions were seen in (kafka_evidence rules 3 and 6): the
         # newest leader epoch of a log end at or past the position, and each read
-        # topic's id.
-        self.leader_epochs: dict[Key, int] = {}
-        self.topic_ids: dict[str, str] = {}
+        # topic's id; kept in the offset.
+        self.seen = SeenIn()
+        self.leader_epochs = self.seen.leader_epochs
+        self.topic_ids = self.seen.topic_ids
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
         # Partitions whose log end is below the position and was said so.
@@ -121,6 +123,7 @@ class PlannerBroker:
             unnamed.append(control)
         if unnamed:  # a topic first seen: its id, once (rule 6)
             self.topic_ids.update(kafka_clients.topic_ids(self.admin, unnamed, self._timeout_s))
+            self.seen.changed()
         return BrokerView(
             counts, frozenset(metadata.topics), latest, control_ends, latest.leader_epochs
         )
@@ -344,6 +347,7 @@ class PlannerBroker:
             epoch = answered.get(key)
             if epoch is not None and epoch > epochs.get(key, -1):
                 epochs[key] = epoch  # (rule 3's known epoch)
+                self.seen.changed()
         if not low:
             return sorted(still_going_back), set()
         recreated = self._recreated({topic for topic, _ in low})
@@ -364,6 +368,7 @@ class PlannerBroker:
         count from here."""
         self._going_back.discard(key)
         self.leader_epochs.pop(key, None)
+        self.seen.changed()
 
     def _recreated(self, topics: set[str]) -> set[str]:
         """Those of ``topics`` whose id is not the one first seen (rule 6); the new id is
@@ -372,6 +377,7 @@ class PlannerBroker:
         ids_now = kafka_clients.topic_ids(self.admin, list(known), self._timeout_s)
         recreated = {t for t, i in ids_now.items() if kafka_evidence.topic_recreated(i, known[t])}
         self.topic_ids.update(ids_now)
+        self.seen.changed()
         return recreated
 
     def _say_stale(self, now: BrokerView, stale: dict[Key, tuple[int, int]]) -> None:

@@ -6,13 +6,11 @@ formats: version 2, written since issue 22, and version 1, still read so that
 checkpoints written before it restart (``decode``; every shape of version 1 main wrote,
 one of each in tests/data). An offset it cannot read is one line (``unreadable``).
 
-Version 1 wrote about 155 bytes per partition: the data position twice (``from`` and
-``data``), then a valve row and an aligner row per partition, each led by its channel's
-name. Version 2 keeps the batch's summary as it was (readable, same keys: ``watermark``,
-``status``, ``counters``, ``held``, the control and progress positions) and writes the
-per-partition state as columns, one set per topic, a value per partition in partition
-order. Each column holds the difference from the value it nearly always equals, and is
-left out when every difference is the default:
+Version 1 wrote about 155 bytes per partition (positions twice, rows led by channel
+names). Version 2 keeps the batch's summary readable (``watermark``, ``status``, ...),
+what the planner knew of Kafka under ``kafka`` (``seen_in``), and the per-partition
+state as columns, one set per topic, a value per partition in order. Each column holds
+the difference from the value it nearly always equals, left out when all are default:
 
     column       value                          written as
     partitions   partition numbers              left out when 0..n-1
@@ -30,9 +28,8 @@ left out when every difference is the default:
     last_data    wall ms of the last data       - last_data_base (null: none)
     pending      markers waiting for position   {index: [marker, ...]}
 
-A column whose differences are all one value is written as that value alone. The
-in-memory form is the one version 1 wrote (the aligner's ``snapshot()``), so the aligner
-and the valve keep one snapshot format and the offset's format is this module's alone.
+A column whose differences are all one value is written as that value alone. In memory
+the state is version 1's (the aligner's ``snapshot()``): the format is this module's.
 """
 
 from __future__ import annotations
@@ -116,6 +113,7 @@ class SourceOffset:
     tasks: int | None = None
     # The format it was read from (what it is written as is always OFFSET_VERSION).
     version: int = OFFSET_VERSION
+    kafka: dict[str, Any] = field(default_factory=dict)  # topic ids, leader epochs
 
     # ------------------------------------------------------------------ reading
 
@@ -169,6 +167,7 @@ class SourceOffset:
             held=list(raw.get("held", [])),  # nothing held before 969c088
             tasks=None if version == 1 else _optional_int(raw.get("tasks")),
             version=version,
+            kafka=dict(raw.get("kafka", {})),  # none before issue 31
         )
 
     def statuses(self) -> dict[str, str]:
@@ -208,6 +207,7 @@ class SourceOffset:
             "progress": dict(self.progress),
             "held": list(self.held),
             "tasks": self.tasks,
+            "kafka": self.kafka,
         }
         encoded.update(self._state)
         return encoded

@@ -71,6 +71,7 @@ def make_offset(
     data: Offsets | None = None,
     max_event_time_ahead_ms: int | None = None,
     tasks: int | None = None,
+    kafka: dict[str, Any] | None = None,
 ) -> SourceOffset:
     """One batch's offset: the batch reads ``from_data`` to ``data`` (the plan's data)."""
     latest_event_ms = (
@@ -95,6 +96,7 @@ def make_offset(
         held=list(plan.held),
         aligner=plan.aligner.snapshot(),
         tasks=tasks,
+        kafka=kafka or {},
     )
 
 

@@ -72,6 +72,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self._planned = False
         # Whether the broker did not answer a plan since the last plan it answered.
         self._blind = False
+        # Whether the first plan took the topic ids and leader epochs its offset kept.
+        self._remembered = False
         # Whether partitions() made sure the progress topic exists (a replay after a
         # restart runs before any plan).
         self._progress_topic_checked = False
@@ -112,6 +114,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         start = self._memory.decoded(start_json)
+        if not self._remembered:  # what the query before a restart knew of Kafka
+            control = {self.options.control_topic or "": start.control}
+            self.broker.seen.remember(start.kafka, {**start.data, **control})
+            self._remembered = True
         try:
             now = self.broker.observe(start.data.keys())  # 1. look at the broker
         except KafkaException as error:
@@ -154,6 +160,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             data=ends,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
+            kafka=self.broker.seen.encode(),
         )
         if same_batch(start, offset):
             self._memory.keep(start, plan.aligner)  # still start's state
