@@ -45,7 +45,7 @@ from tests.cluster_harness import (
 from tests.emitter_harness import RunningEmitter, after_polls, control_markers, start_emitter
 from tests.factories import parsed_samples, wait_until
 from tests.kafka_writer import BASE_MS
-from tests.source_driver import options
+from tests.source_driver import Driven, options, real
 from tests.source_harness import WindowJob, events, window_job
 
 IDLE, ACTIVE, FINISHED = MarkerStatus.IDLE, MarkerStatus.ACTIVE, MarkerStatus.FINISHED
@@ -557,3 +557,65 @@ def test_a_first_plan_waits_for_partitions_without_a_leader_instead_of_failing(
     waiting.join(3 * FAULT_DEADLINE_S)
     assert failed_whole, "no partition had a leader, yet no request failed whole"
     assert outcome == {"offsets": dict.fromkeys(partitions, 0)}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_query_reading_through_two_leader_kills_counts_every_record_exactly_once(
+    all_nodes_running: KafkaCluster, fail_on_data_loss: bool
+) -> None:
+    """Issue 31, findings 1, 2 and 11: while leaders move, a reader or the planner may be
+    answered low (a stale leader, -1001 from a dead one). Kafka's evidence alone decides
+    what is gone, so nothing is: every record the log holds is read once, none skipped
+    (failOnDataLoss=false) and the query never stops (true)."""
+    cluster = all_nodes_running
+    bootstrap = cluster.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = replicated_topic(admin, partitions=1)
+    writer = SteadyWriter(bootstrap, topic, partition=0).start()
+    waits = str(int(FAULT_DEADLINE_S * 1000))
+    given = options(
+        bootstrap,
+        topic,
+        None,
+        failOnDataLoss=str(fail_on_data_loss).lower(),
+        readTimeoutMs=waits,
+        requestTimeoutMs=waits,
+    )
+    driven = Driven.start(given)
+    read: list[int] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def reading() -> None:
+        try:
+            while not stop.is_set():
+                read.extend(row["offset"] for row in real(driven.step()))
+        except BaseException as error:  # the outcome under test
+            failures.append(error)
+
+    stepping = threading.Thread(target=reading, daemon=True)
+    try:
+        wait_until(lambda: writer.acked >= 10, FAULT_DEADLINE_S, "the writer's first records")
+        stepping.start()
+        for _ in range(2):
+            before = len(read)
+
+            def grew(seen: int = before) -> bool:
+                return len(read) > seen or bool(failures)
+
+            wait_until(grew, FAULT_DEADLINE_S, "records read before a leader dies")
+            cluster.start_nodes([kill_leader(cluster, admin, topic)], FAULT_DEADLINE_S)
+        target = writer.advanced(20)
+        wait_until(lambda: writer.acked >= target or failures, FAULT_DEADLINE_S, "more data")
+        writer.stop()
+        final_end = _log_end(admin, topic, 0)
+        wait_until(lambda: len(read) >= final_end or failures, FAULT_DEADLINE_S, "all read")
+    finally:
+        stop.set()
+        stepping.join(3 * FAULT_DEADLINE_S)
+        writer.stop()
+        driven.stop()
+    assert failures == []
+    assert sorted(read) == read == list(range(final_end))  # each once, in order, none skipped
+    assert (driven.counter("records_lost"), driven.counter("offsets_went_back")) == (0, 0)
