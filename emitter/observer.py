@@ -24,6 +24,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from emitter.known_ends import KnownEnds
 from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.list_offsets import LEADER_MOVED
 from slackwater.markers import TopicPartitionKey
@@ -95,6 +96,10 @@ class BrokerObserver:
         self._leaders_moved = False
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         self._batches: list[_Batch] = []  # of the partition counts above
+        # A lower log end is believed only on Kafka's evidence (known_ends.py).
+        self._known = KnownEnds(
+            lambda names: kafka_clients.topic_ids(self._admin, names, self._timeout_s)
+        )
 
     def observe(self, topics: Iterable[str], group: str | None) -> BrokerView:
         view = BrokerView()
@@ -122,6 +127,7 @@ class BrokerObserver:
             if counts != self._partition_counts:
                 self._batches = self._batches_of(counts)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
+            self._known.learn_topics(counts)
             view.topics, view.reachable = counts, True
             view.unseen_topics = self._unseen(metadata, watched, view.errors)
         batches = self._batches
@@ -212,6 +218,7 @@ class BrokerObserver:
         self, pending: list[Future[Any] | None], errors: dict[str, str]
     ) -> dict[TopicPartitionKey, int]:
         offsets: dict[TopicPartitionKey, int] = {}
+        epochs: dict[TopicPartitionKey, int] = {}
         failures = 0
         self._leaders_moved = False
         for future in pending:
@@ -222,6 +229,7 @@ class BrokerObserver:
                 failures += 1
                 errors["list_offsets"] = str(results)
                 continue
+            epochs.update(getattr(results, "leader_epochs", {}))
             for key, result in results.items():
                 if isinstance(result, BaseException | KafkaError):
                     failures += 1
@@ -232,7 +240,7 @@ class BrokerObserver:
                     offsets[key] = result
         if failures:
             log.warning("log end offsets of %d partitions could not be read", failures)
-        return offsets
+        return self._known.believed(offsets, epochs)
 
     def _collect_committed(
         self, group: str, pending: list[dict[str, Future[Any]] | None], errors: dict[str, str]
