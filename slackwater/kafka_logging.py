@@ -9,6 +9,7 @@ again while it lasts, is what an operator needs. Every Kafka client of slackwate
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -96,17 +97,30 @@ def client_logging(client: str) -> dict[str, Any]:
 _LOCAL = "Local: "
 # OpenSSL's reason when the broker's certificate does not verify against the client's CA.
 _CERTIFICATE_NOT_VERIFIED = "certificate verify failed"
+# OpenSSL's words for a TLS alert the broker sent about the client's certificate (mTLS,
+# ssl.client.auth=required): none given, or one it does not trust, or one expired. Under
+# TLS 1.3 the broker judges the certificate after the client's handshake has ended, so
+# librdkafka reports the alert as a failed receive (_TRANSPORT), not as _SSL.
+_CERTIFICATE_REFUSED = re.compile(
+    r"alert (bad certificate|unsupported certificate|certificate revoked|certificate expired"
+    r"|certificate unknown|unknown ca|certificate required)"
+)
 
 
 def _credentials_refused(error: KafkaError) -> bool:
-    """The broker refused the client's SASL credentials, or the client could not verify
-    the broker's certificate: configuration, which no retry mends. librdkafka also
-    reports a SASL exchange cut short by the connection as _AUTHENTICATION, with a local
-    error in its words ("Local: Broker transport failure", "Local: Timed out"), and a
-    TLS handshake cut short as _SSL: those are outages, waited out."""
+    """The broker refused the client's SASL credentials or its certificate, or the client
+    could not verify the broker's certificate: configuration, which no retry mends.
+    librdkafka also reports a SASL exchange cut short by the connection as
+    _AUTHENTICATION, with a local error in its words ("Local: Broker transport failure",
+    "Local: Timed out"), and a TLS handshake cut short as _SSL: those are outages,
+    waited out."""
     if error.code() == KafkaError._AUTHENTICATION:
         return _LOCAL not in error.str()
-    return error.code() == KafkaError._SSL and _CERTIFICATE_NOT_VERIFIED in error.str()
+    if error.code() == KafkaError._SSL and _CERTIFICATE_NOT_VERIFIED in error.str():
+        return True
+    return error.code() in (KafkaError._SSL, KafkaError._TRANSPORT) and bool(
+        _CERTIFICATE_REFUSED.search(error.str())
+    )
 
 
 # The last authentication failure each client of this process met. librdkafka reports
@@ -161,10 +175,48 @@ def take_authentication_failure(client: str) -> KafkaError | None:
 
 def authentication_problem(failure: KafkaError, kafka_config: Mapping[str, Any]) -> str:
     """One line naming the principal that failed to authenticate (never its password),
-    or saying that the broker's certificate was not verified."""
+    or the certificate problem: the broker's certificate not verified against the
+    client's CA, or the client's certificate refused by the broker, with the settings
+    that name the files (paths, never a password or a PEM's text)."""
+    if _CERTIFICATE_REFUSED.search(failure.str()):
+        return (
+            "TLS handshake failed: the broker refused this client's certificate "
+            f"({_client_certificate(kafka_config)}): {failure.str()}"
+        )
     if failure.code() == KafkaError._SSL:
-        return f"TLS handshake failed: {failure.str()}"
+        trusted = kafka_config.get("ssl.ca.location")
+        ca = f"ssl.ca.location={trusted}" if trusted else "no ssl.ca.location: the system's CAs"
+        return (
+            f"TLS handshake failed: the broker's certificate was not verified ({ca}): "
+            f"{failure.str()}"
+        )
     return f"authentication failed{_as_whom(kafka_config)}: {failure.str()}"
+
+
+# The settings that hand librdkafka the client's own certificate (mTLS).
+_CERTIFICATE_SETTINGS = ("ssl.keystore.location", "ssl.certificate.location")
+
+
+def _client_certificate(kafka_config: Mapping[str, Any]) -> str:
+    given = [
+        f"{name}={kafka_config[name]}" for name in _CERTIFICATE_SETTINGS if kafka_config.get(name)
+    ]
+    if kafka_config.get("ssl.certificate.pem"):
+        given.append("ssl.certificate.pem (inline)")
+    return ", ".join(given) or "none given: no ssl.keystore.location or ssl.certificate.location"
+
+
+def settings_problem(error: KafkaError, kafka_config: Mapping[str, Any]) -> str:
+    """One line for a client librdkafka would not make (a setting it does not know, a
+    file it cannot read), naming each file setting whose file is not on this machine:
+    librdkafka's own words name the setting and OpenSSL's reason, never the path."""
+    missing = [
+        f"{name}={value} does not exist here"
+        for name, value in kafka_config.items()
+        if name.endswith((".location", ".keytab")) and value and not os.path.exists(str(value))
+    ]
+    line = f"invalid Kafka settings: {error.str()}"
+    return without_secrets(f"{line} ({'; '.join(missing)})" if missing else line, kafka_config)
 
 
 # The broker's answers that an ACL refused the request (Kafka's protocol error codes).

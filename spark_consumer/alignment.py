@@ -177,6 +177,19 @@ class MarkerAligner:
         for state in self.partitions.values():
             state.last_data_ms = None
 
+    def take_max_out_of_orderness(self, bound_ms: int) -> list[Emitted]:
+        """Another bound from now on (a restart with another maxOutOfOrderness): every
+        partition's watermark is its newest event time less ``bound_ms``. A watermark
+        never goes back (the valve's rule 1): a larger bound leaves each where it is until
+        newer event times pass it, a smaller one raises them now."""
+        self.max_out_of_orderness_ms = bound_ms
+        emitted: list[Emitted] = []
+        for partition in sorted(self.partitions, key=_order):
+            state = self.partitions[partition]
+            if state.newest_event_ms is not None and state.status is MarkerStatus.ACTIVE:
+                emitted += self.valve.input_watermark(partition, state.newest_event_ms - bound_ms)
+        return emitted
+
     def offer(self, marker: Marker) -> MarkerOutcome:
         """A marker read from the control topic: queued for its partition, or rejected."""
         channel = self.channel_of(marker)

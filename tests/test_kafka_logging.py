@@ -17,6 +17,7 @@ from slackwater.kafka_logging import (
     OncePerInterval,
     authentication_problem,
     client_logging,
+    settings_problem,
     take_authentication_failure,
 )
 from tests.factories import SLACKWATER, ResettingEndpoint, wait_until
@@ -76,6 +77,18 @@ UNVERIFIED = (
     "routines::certificate verify failed: broker certificate could not be verified"
 )
 CUT_TLS = "sasl_ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: Disconnected"
+# A broker with ssl.client.auth=required refusing the client's certificate (none, or one
+# it does not trust), under TLS 1.3: a failed receive after the client's handshake.
+NO_CERTIFICATE = (
+    "ssl://127.0.0.1:9094/bootstrap: Receive failed: error:0A000412:SSL routines::ssl/tls "
+    "alert bad certificate: SSL alert number 42 (after 4ms in state APIVERSION_QUERY)"
+)
+UNTRUSTED_CERTIFICATE = (
+    "ssl://127.0.0.1:9094/bootstrap: Receive failed: error:0A000416:SSL routines::ssl/tls "
+    "alert certificate unknown: SSL alert number 46 (after 10ms in state APIVERSION_QUERY)"
+)
+NOT_VERIFIED = "TLS handshake failed: the broker's certificate was not verified"
+REFUSED_CERTIFICATE = "TLS handshake failed: the broker refused this client's certificate"
 
 
 @pytest.mark.parametrize(
@@ -87,9 +100,19 @@ CUT_TLS = "sasl_ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: Disconnect
             "authentication failed as 'ops': " + REFUSED_SASL,
         ),
         (KafkaError._AUTHENTICATION, CUT_SASL, None),
-        (KafkaError._SSL, UNVERIFIED, f"TLS handshake failed: {UNVERIFIED}"),
+        (
+            KafkaError._SSL,
+            UNVERIFIED,
+            f"{NOT_VERIFIED} (no ssl.ca.location: the system's CAs): {UNVERIFIED}",
+        ),
         (KafkaError._SSL, CUT_TLS, None),
         (KafkaError._TRANSPORT, "sasl_plaintext://127.0.0.1:9092/1: Disconnected", None),
+        (
+            KafkaError._TRANSPORT,
+            NO_CERTIFICATE,
+            f"{REFUSED_CERTIFICATE} (none given: no ssl.keystore.location or "
+            f"ssl.certificate.location): {NO_CERTIFICATE}",
+        ),
     ],
 )
 def test_only_refused_credentials_or_an_unverified_certificate_are_recorded_as_failures(
@@ -106,6 +129,46 @@ def test_only_refused_credentials_or_an_unverified_certificate_are_recorded_as_f
         assert failure is not None
         assert authentication_problem(failure, {"sasl.username": "ops"}) == line
     assert take_authentication_failure(client) is None  # taken once
+
+
+def test_a_certificate_problem_names_the_files_never_a_secret() -> None:
+    """Issue 31, finding 8: which CA the client trusted, which certificate the broker
+    refused (paths, never a password or a PEM's text)."""
+    settings = {
+        "ssl.ca.location": "/etc/kafka/ca.pem",
+        "ssl.keystore.location": "/etc/kafka/job.p12",
+        "ssl.keystore.password": "keystore-secret",
+    }
+    unverified = authentication_problem(KafkaError(KafkaError._SSL, UNVERIFIED), settings)
+    assert unverified == f"{NOT_VERIFIED} (ssl.ca.location=/etc/kafka/ca.pem): {UNVERIFIED}"
+    refused = KafkaError(KafkaError._TRANSPORT, UNTRUSTED_CERTIFICATE)
+    assert authentication_problem(refused, settings) == (
+        f"{REFUSED_CERTIFICATE} (ssl.keystore.location=/etc/kafka/job.p12): {UNTRUSTED_CERTIFICATE}"
+    )
+    inline = {"ssl.certificate.pem": "-----BEGIN CERTIFICATE-----"}
+    assert "(ssl.certificate.pem (inline)): " in authentication_problem(refused, inline)
+    assert "BEGIN" not in authentication_problem(refused, inline)
+
+
+def test_a_client_not_made_names_the_files_missing_here(tmp_path: Path) -> None:
+    """librdkafka's words name the setting, not its file: the line says which is missing
+    on this machine (a CA file the executors lack), and never a secret."""
+    there = tmp_path / "job.p12"
+    there.write_bytes(b"")
+    missing = tmp_path / "ca.pem"
+    words = (
+        "Failed to create consumer: ssl.ca.location failed: "
+        "error:05880020:x509 certificate routines::BIO lib"
+    )
+    settings = {
+        "ssl.ca.location": str(missing),
+        "ssl.keystore.location": str(there),
+        "ssl.keystore.password": "keystore-secret",
+    }
+    line = settings_problem(KafkaError(KafkaError._INVALID_ARG, words), settings)
+    assert (
+        line == f"invalid Kafka settings: {words} (ssl.ca.location={missing} does not exist here)"
+    )
 
 
 def test_instances_of_a_client_keep_their_failures_apart_and_share_one_logger() -> None:

@@ -171,6 +171,7 @@ DRIVERS_ROOMS = {
     "spark_consumer.source.progress_collector",
     "spark_consumer.source.partitions",
     "spark_consumer.source.plan",
+    "spark_consumer.source.planner_process",
 }
 # What Spark calls on a DataSourceStreamReader: the Spark-facing class has nothing else.
 SPARKS_CALLS = {

@@ -3,10 +3,12 @@
 as written there: only the emitter's and the operators' principals can write the control
 topic (issue 23).
 
-One node for the module: its client listeners are SASL_PLAINTEXT and SASL_SSL (a
-self-signed certificate made by the JDK's keytool for the module), the brokers talk to
-each other as the super user ``admin``; the controller listener stays PLAINTEXT (its
-ANONYMOUS principal is a super user, as KRaft needs for a combined node).
+One node for the module: its client listeners are SASL_PLAINTEXT, SASL_SSL (a
+self-signed certificate made by the JDK's keytool for the module) and MTLS (SSL with
+``ssl.client.auth=required``: a client's certificate is its principal, CN=orders-job as
+User:orders-job), the brokers talk to each other as the super user ``admin``; the
+controller listener stays PLAINTEXT (its ANONYMOUS principal is a super user, as KRaft
+needs for a combined node).
 """
 
 from __future__ import annotations
@@ -89,48 +91,75 @@ def tls_credentials(user: str, ca: Path) -> dict[str, str]:
 @dataclass(frozen=True)
 class Certificates:
     """The broker's keystore (PKCS12), its certificate in PEM for clients to trust, and
-    another self-signed certificate in PEM that does not sign it."""
+    another self-signed certificate in PEM that does not sign it; for the MTLS listener,
+    the keystore of a client whose certificate (CN=orders-job) the broker's truststore
+    holds."""
 
     keystore: Path
     broker: Path
     other: Path
+    client: Path
+    truststore: Path
     password: str = "keystore-secret-5a1c"
 
 
-def _keytool_certificate(keystore: Path, pem: Path, password: str) -> None:
+def _keytool(*arguments: str) -> None:
     keytool = Path(java_executable() or "java").resolve().parent / "keytool"
+    subprocess.run([str(keytool), *arguments], check=True, capture_output=True, timeout=60)
+
+
+def _keytool_certificate(keystore: Path, pem: Path, password: str, name: str = "127.0.0.1") -> None:
     store = ["-keystore", str(keystore), "-storetype", "PKCS12", "-storepass", password]
-    subprocess.run(
-        [
-            str(keytool), "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize",
-            "2048", "-validity", "2", "-dname", "CN=127.0.0.1",
-            "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-keypass", password, *store,
-        ],
-        check=True, capture_output=True, timeout=60,
+    _keytool(
+        "-genkeypair", "-alias", "key", "-keyalg", "RSA", "-keysize", "2048", "-validity", "2",
+        "-dname", f"CN={name}", "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-keypass", password,
+        *store,
     )  # fmt: skip
-    subprocess.run(
-        [str(keytool), "-exportcert", "-alias", "broker", "-rfc", "-file", str(pem), *store],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    _keytool("-exportcert", "-alias", "key", "-rfc", "-file", str(pem), *store)
 
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     made = tmp_path_factory.mktemp("tls")
-    certificates = Certificates(made / "broker.p12", made / "broker.pem", made / "other.pem")
+    certificates = Certificates(
+        made / "broker.p12",
+        made / "broker.pem",
+        made / "other.pem",
+        made / "orders-job.p12",
+        made / "truststore.p12",
+    )
     _keytool_certificate(certificates.keystore, certificates.broker, certificates.password)
     _keytool_certificate(made / "other.p12", certificates.other, certificates.password)
+    client_pem = made / "orders-job.pem"
+    _keytool_certificate(certificates.client, client_pem, certificates.password, "orders-job")
+    _keytool(
+        "-importcert", "-noprompt", "-alias", "orders-job", "-file", str(client_pem),
+        "-keystore", str(certificates.truststore), "-storetype", "PKCS12",
+        "-storepass", certificates.password,
+    )  # fmt: skip
     return certificates
+
+
+def listener_address(node: KafkaBroker, name: str) -> str:
+    """The address of the node's listener called ``name`` (SASL_SSL, MTLS)."""
+    listeners = node.settings["advertised.listeners"].split(",")
+    return next(entry for entry in listeners if entry.startswith(f"{name}://"))[len(f"{name}://") :]
 
 
 def tls_bootstrap(node: KafkaBroker) -> str:
     """The SASL_SSL listener's address."""
-    listeners = node.settings["advertised.listeners"].split(",")
-    return next(entry for entry in listeners if entry.startswith("SASL_SSL://"))[
-        len("SASL_SSL://") :
-    ]
+    return listener_address(node, "SASL_SSL")
+
+
+def mtls_credentials(certificates: Certificates) -> dict[str, str]:
+    """orders-job's settings on the MTLS listener: its certificate, no password but the
+    keystore's."""
+    return {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(certificates.broker),
+        "ssl.keystore.location": str(certificates.client),
+        "ssl.keystore.password": certificates.password,
+    }
 
 
 def cli_config(settings: dict[str, str]) -> list[str]:
@@ -246,12 +275,13 @@ def secured(
     )
     plain = f"SASL_PLAINTEXT://{node.host}:{node.port}"
     tls = f"SASL_SSL://{node.host}:{free_port(node.host)}"
+    mtls = f"MTLS://{node.host}:{free_port(node.host)}"
     node.settings.update(
         {
-            "listeners": f"{plain},{tls},CONTROLLER://{node.host}:{node.controller_port}",
-            "advertised.listeners": f"{plain},{tls}",
+            "listeners": f"{plain},{tls},{mtls},CONTROLLER://{node.host}:{node.controller_port}",
+            "advertised.listeners": f"{plain},{tls},{mtls}",
             "listener.security.protocol.map": (
-                "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+                "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,CONTROLLER:PLAINTEXT"
             ),
             "inter.broker.listener.name": "SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": MECHANISM,
@@ -262,6 +292,12 @@ def secured(
             "ssl.keystore.type": "PKCS12",
             "ssl.keystore.password": certificates.password,
             "ssl.key.password": certificates.password,
+            "listener.name.mtls.ssl.client.auth": "required",
+            "listener.name.mtls.ssl.truststore.location": str(certificates.truststore),
+            "listener.name.mtls.ssl.truststore.type": "PKCS12",
+            "listener.name.mtls.ssl.truststore.password": certificates.password,
+            # CN=orders-job is User:orders-job: docs/deploy.md's ACLs apply to it as written.
+            "listener.name.mtls.ssl.principal.mapping.rules": "RULE:^CN=([^,]*)$/$1/,DEFAULT",
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "allow.everyone.if.no.acl.found": "false",
             "super.users": "User:admin;User:ANONYMOUS",
@@ -505,7 +541,10 @@ def test_a_broker_certificate_the_client_cannot_verify_is_one_line(
     given = options(bootstrap, topics.data, topics.control, **source_config(untrusting))
     with pytest.raises(SourceError) as failed:
         Driven.start(given).stop()
-    assert str(failed.value).startswith("TLS handshake failed: "), failed.value
+    assert str(failed.value).startswith(
+        "planner (driver): TLS handshake failed: the broker's certificate was not verified "
+        f"(ssl.ca.location={certificates.other}): "
+    ), failed.value
     assert "certificate verify failed" in str(failed.value)
     status = run_cli(
         "status", "--bootstrap-servers", bootstrap, "--control-topic", topics.control,
@@ -697,7 +736,9 @@ def test_a_job_with_a_wrong_password_fails_in_one_line_naming_the_principal(
     failure = str(ended.value)
     lines = [line for line in failure.splitlines() if "authentication failed" in line]
     assert len(lines) == 1, failure
-    assert "SourceError: authentication failed as 'orders-job': " in lines[0], failure
+    assert "SourceError: planner (driver): authentication failed as 'orders-job': " in lines[0], (
+        failure
+    )
     assert wrong not in failure
 
 
@@ -741,7 +782,8 @@ def test_consume_with_a_wrong_password_exits_non_zero_in_one_line(
     result = run_cli(*_consume_as("orders-job", secured, topics, tmp_path, wrong), timeout_s=300)
     line = _one_failure_line(result)
     assert line.startswith(
-        "slackwater consume: the streaming query failed: authentication failed as 'orders-job': "
+        "slackwater consume: the streaming query failed: planner (driver): authentication "
+        "failed as 'orders-job': "
     ), line
     assert wrong not in result.stderr + result.stdout
 
@@ -759,8 +801,8 @@ def test_consume_without_the_right_to_read_the_data_topic_exits_non_zero_in_one_
     result = run_cli(*_consume_as("orders-job", secured, topics, tmp_path), timeout_s=300)
     line = _one_failure_line(result)
     assert line == (
-        "slackwater consume: the streaming query failed: not authorized as 'orders-job' to "
-        f"read topic {topics.data} (partition 0): Fetch from broker 1 failed: "
+        "slackwater consume: the streaming query failed: reader (executor): not authorized as "
+        f"'orders-job' to read topic {topics.data} (partition 0): Fetch from broker 1 failed: "
         "Broker: Topic authorization failed"
     ), line
 
@@ -802,6 +844,8 @@ MISSING_RIGHTS = {
         "slackwater-", {AclOperation.DESCRIBE}, "describe consumer group slackwater-",
     ),
 }  # fmt: skip
+# The rights whose refusal an executor's reader meets (the planner's clients, the others).
+READERS_RIGHTS = {"read the data topic", "write the progress topic"}
 
 
 @pytest.mark.parametrize("missing", sorted(MISSING_RIGHTS))
@@ -839,9 +883,10 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
         _change_acls(admin, True, taken)  # the group ACL is shared by the module
     line = str(failed.value)
     assert "\n" not in line
-    assert line.startswith(f"not authorized as 'orders-job' to {action.format(**vars(topics))}"), (
-        line
-    )
+    by = "reader (executor)" if missing in READERS_RIGHTS else "planner (driver)"
+    assert line.startswith(
+        f"{by}: not authorized as 'orders-job' to {action.format(**vars(topics))}"
+    ), line
     assert "authorization failed" in line.lower(), line
     assert PASSWORDS["orders-job"] not in line
 
@@ -872,7 +917,7 @@ def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_
         rows = driven.step()
         assert sorted((r["partition"], r["offset"]) for r in real(rows)) == [(0, 0), (0, 1)]
         _change_acls(admin, False, data_rights)
-        with pytest.raises(SourceError, match=f"^{re.escape(refused)}"):
+        with pytest.raises(SourceError, match=f"^{re.escape(f'planner (driver): {refused}')}"):
             driven.step()
     finally:
         driven.stop()

@@ -361,7 +361,7 @@ def test_a_planner_takes_only_its_own_clients_failed_authentication() -> None:
     given = {"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "subscribe": "t"}
     refused, healthy = (SlackwaterStreamReader(SourceOptions.parse(given)) for _ in range(2))
     words = "sasl://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed"
-    kafka_logging.client_logging(refused.broker.client_name)["error_cb"](
+    kafka_logging.client_logging(refused.broker.client("admin"))["error_cb"](
         KafkaError(KafkaError._AUTHENTICATION, words)
     )
     try:
@@ -371,3 +371,39 @@ def test_a_planner_takes_only_its_own_clients_failed_authentication() -> None:
     finally:
         refused.stop()
         healthy.stop()
+
+
+def test_each_planner_client_keeps_its_own_failure_when_another_answers() -> None:
+    """Issue 31, finding 8: the planner's admin, control and progress clients have a name
+    each. The admin answering a plan takes the admin's failure only; the control
+    consumer's (a rotated password refused on its new connection) is kept, and its next
+    consume call that brings nothing ends the query with the planner's one line. With one
+    name for the three, the admin's answer discarded it and the control read waited
+    readTimeoutMs, then said "timed out reading control topic"."""
+    from confluent_kafka import KafkaError
+
+    from slackwater import kafka_logging
+
+    given = {
+        "kafka.bootstrap.servers": f"127.0.0.1:{free_port()}",
+        "subscribe": "t",
+        "kafka.sasl.username": "orders-job",
+    }
+    planner = SlackwaterStreamReader(SourceOptions.parse(given))
+    broker = planner.broker
+    assert len({broker.client(role) for role in ("admin", "control", "progress")}) == 3
+    control = broker.consumer("control")
+    words = "sasl://127.0.0.1:1/1: SASL authentication error: Authentication failed"
+    kafka_logging.client_logging(broker.client("control"))["error_cb"](
+        KafkaError(KafkaError._AUTHENTICATION, words)
+    )
+    try:
+        assert broker.authentication_failure() is None  # the admin answered: its own only
+        with pytest.raises(SourceError) as ended:
+            control.consume(num_messages=1, timeout=0)
+        assert str(ended.value) == (
+            f"planner (driver): authentication failed as 'orders-job': {words}"
+        )
+    finally:
+        control.close()
+        planner.stop()

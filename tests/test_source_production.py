@@ -752,6 +752,9 @@ def test_a_recreated_control_topic_is_read_again_from_its_start(
         _step_until(driven, lambda: driven.statuses()[f"{topic}:0"] == "IDLE", "the IDLE")
         assert driven.offset["control"] == {"0": 1}
         assert driven.counter("control_went_back") == 1
+        write.data(0, 10)  # a later plan: the new topic is read on, not again from 0
+        _step_until(driven, lambda: driven.counter("records") == 11, "a record read")
+        assert (driven.counter("control_went_back"), driven.counter("markers_read")) == (1, 3)
     finally:
         driven.stop()
 

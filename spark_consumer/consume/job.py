@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 QUIET_LOG4J = Path(__file__).parent / "resources" / "log4j2-quiet.properties"
+# The driver's threads' stack. Stopping a query stops its foreachBatch function's own Spark
+# job, whose py4j error carries the JVM's stack trace (about 8,000 characters); Spark tells
+# a stop from a failure by a regex over it (StreamExecution.isInterruptionException) that
+# recurses once per character, and overflows Java's default 1 MB stack: the stream thread
+# then died of a StackOverflowError instead of stopping (docs/decisions.md, issue 31,
+# finding 12). 16 MB holds the regex over 16,000 characters even interpreted.
+THREAD_STACK = "-Xss16m"
 
 
 @dataclass
@@ -67,15 +74,16 @@ def spark_session(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cores = int(master[len("local[") : -1]) if master.startswith("local[") else 2
-    builder = SparkSession.builder.master(master).appName(app_name)
+    # Before the JVM starts (pyspark passes these to spark-submit): the threads' stack,
+    # and no screen of WARN lines at start-up, which setLogLevel would only silence later.
+    java_options = [THREAD_STACK]
     if not verbose:
-        # Before the JVM starts (pyspark passes these to spark-submit): no screen of
-        # WARN lines at start-up, which setLogLevel would only silence afterwards.
-        builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
-        )
+        java_options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     spark = (
-        builder.config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.extraJavaOptions", " ".join(java_options))
+        .config("spark.jars", ",".join(str(jar) for jar in fetched_jar_files(SPARK_KAFKA)))
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

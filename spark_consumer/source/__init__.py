@@ -5,12 +5,12 @@ its own. Its face: what a job imports.
 Inside, one file per job (docs/architecture.md draws them): ``stream`` (the DataSource
 and ``read_stream``), ``options``; on the driver ``planner`` (only what Spark calls),
 ``broker`` (every broker question), ``progress_collector``, ``control_reader``,
-``partitions``, ``plan``; for both ``offset`` (the checkpointed offset), ``splits`` (a
-batch's tasks), ``progress`` (what readers report), ``event_time``, ``late_rows``; on the
-executors ``readers``, ``reader_ranges``, ``arrow_rows``, ``reader_clients``; and
-``metrics``. The valve and the aligner beside it (``spark_consumer.valve``,
-``spark_consumer.alignment``) are the pure core; ``spark_consumer.consume`` is an
-application on top.
+``partitions``, ``plan``, ``planner_process`` (a stop's SIGTERM); for both ``offset``
+(the checkpointed offset), ``splits`` (a batch's tasks), ``progress`` (what readers
+report), ``event_time``, ``late_rows``; on the executors ``readers``,
+``reader_ranges``, ``arrow_rows``, ``reader_clients``; and ``metrics``. The valve and the
+aligner beside it (``spark_consumer.valve``, ``spark_consumer.alignment``) are the pure
+core; ``spark_consumer.consume`` is an application on top.
 """
 
 from __future__ import annotations

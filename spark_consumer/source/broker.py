@@ -23,7 +23,7 @@ from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offset
 from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
 from spark_consumer.source.offset import Offsets
-from spark_consumer.source.options import SOURCE_CLIENT, SourceError, SourceOptions
+from spark_consumer.source.options import PLANNER, SOURCE_CLIENT, SourceError, SourceOptions
 from spark_consumer.source.seen_in import SeenIn
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
@@ -57,8 +57,8 @@ class PlannerBroker:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        # This planner's clients' name: the failed authentication it takes is its own,
-        # never another query's in the same driver (kafka_logging keys them by name).
+        # Its clients' names (``client``): one's failure is never discarded when another
+        # answers, nor another query's (kafka_logging keys failures by the whole name).
         self.client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
         # What the query's positions were seen in (kafka_evidence rules 3 and 6): the
@@ -75,27 +75,40 @@ class PlannerBroker:
         # evidence is taken once (the new topic id is kept), so the finding is.
         self._going_back: set[Key] = set()
 
+    def client(self, role: str) -> str:
+        """The name of this planner's client ``role``: admin, control or progress."""
+        return f"{self.client_name}.{role}"
+
     @property
     def admin(self) -> Any:
         if self._admin is None:
-            self._admin = kafka_clients.admin_client(
-                self.client_name, self.options.bootstrap_servers, self.options.kafka_config
-            )
+            try:
+                self._admin = kafka_clients.admin_client(
+                    self.client("admin"), self.options.bootstrap_servers, self.options.kafka_config
+                )
+            except KafkaException as error:  # a CA file or keystore missing on the driver
+                raise self.options.not_made(error.args[0], PLANNER) from None
         return self._admin
 
-    def consumer(self) -> Any:
-        """A consumer of the control or progress topic, reading by assignment."""
-        return kafka_clients.consumer(
-            self.client_name,
-            self.options.bootstrap_servers,
-            self.options.kafka_config,
-            {
-                "group.id": PLANNER_GROUP,
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            },
-        )
+    def consumer(self, role: str) -> Any:
+        """A consumer of the control or progress topic (``role``), reading by assignment;
+        a refusal it meets ends the query (_RefusedEnds)."""
+        name = self.client(role)
+        try:
+            made = kafka_clients.consumer(
+                name,
+                self.options.bootstrap_servers,
+                self.options.kafka_config,
+                {
+                    "group.id": PLANNER_GROUP,
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "earliest",
+                },
+            )
+        except KafkaException as error:
+            raise self.options.not_made(error.args[0], PLANNER) from None
+        return _RefusedEnds(made, name, self.options)
 
     @property
     def _timeout_s(self) -> float:
@@ -322,7 +335,10 @@ class PlannerBroker:
         if topic is None:
             return []
         positions = (((topic, int(p)), position) for p, position in control.items())
-        return [str(p) for _, p in self._went_back(positions, now)[0]]
+        went_back = self._went_back(positions, now)[0]
+        for key in went_back:
+            self.started_again(key)  # the control reader reads it from 0 at once
+        return [str(p) for _, p in went_back]
 
     def _went_back(
         self, positions: Iterable[tuple[Key, int]], now: BrokerView
@@ -448,9 +464,7 @@ class PlannerBroker:
         one whose broker is down."""
         failure = self.authentication_failure()
         if failure is not None:
-            raise SourceError(
-                kafka_logging.authentication_problem(failure, self.options.kafka_config)
-            ) from error
+            raise self.options.not_authenticated(failure, PLANNER) from error
         log_unreachable.warning(
             "cannot reach Kafka at %s (%s): no new batch until it answers",
             self.options.bootstrap_servers,
@@ -458,8 +472,26 @@ class PlannerBroker:
         )
 
     def authentication_failure(self) -> KafkaError | None:
-        """The failed authentication librdkafka reported since the last call, taken.
-        Served first: the error callback runs only in a poll (so do log lines, which
-        would queue up otherwise)."""
+        """The failed authentication the admin client reported since the last call,
+        taken. Served first: the error callback runs only in a poll (so do log lines,
+        which would queue up otherwise). The consumers' are theirs (_RefusedEnds)."""
         self.admin.poll(0)
-        return kafka_logging.take_authentication_failure(self.client_name)
+        return kafka_logging.take_authentication_failure(self.client("admin"))
+
+
+@dataclass
+class _RefusedEnds:
+    """A planner's consumer whose consume call ends the query on a refusal it brought
+    with nothing else (SourceOptions.not_refused), as a reader's does."""
+
+    consumer: Any
+    name: str
+    options: SourceOptions
+
+    def consume(self, *args: Any, **kwargs: Any) -> list[Any]:
+        messages: list[Any] = self.consumer.consume(*args, **kwargs)
+        self.options.not_refused(self.name, PLANNER, answered=bool(messages))
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.consumer, name)

@@ -58,7 +58,7 @@ class ControlReader:
             return
         malformed: list[str] = []
         if self._consumer is None:
-            self._consumer = self._broker.consumer()
+            self._consumer = self._broker.consumer("control")
         self._consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
         deadline = time.monotonic() + self.options.read_timeout_s
         while todo:

@@ -114,6 +114,7 @@ class SourceOffset:
     # The format it was read from (what it is written as is always OFFSET_VERSION).
     version: int = OFFSET_VERSION
     kafka: dict[str, Any] = field(default_factory=dict)  # topic ids, leader epochs
+    planned_with: dict[str, Any] = field(default_factory=dict)  # options: restart_options
 
     # ------------------------------------------------------------------ reading
 
@@ -140,8 +141,7 @@ class SourceOffset:
         cls, raw: Mapping[str, Any], version: int, max_event_time_ahead_ms: int | None
     ) -> SourceOffset:
         if version == 1:
-            data = _offsets(raw["data"])
-            data_from = _offsets(raw["from"])
+            data, data_from = _offsets(raw["data"]), _offsets(raw["from"])
             aligner = _version_1_aligner(raw["aligner"])
         else:
             data, data_from, aligner = _decode_partitions(raw)
@@ -168,6 +168,7 @@ class SourceOffset:
             tasks=None if version == 1 else _optional_int(raw.get("tasks")),
             version=version,
             kafka=dict(raw.get("kafka", {})),  # none before issue 31
+            planned_with=dict(raw.get("planned_with", {})),  # none before its finding 7
         )
 
     def statuses(self) -> dict[str, str]:
@@ -208,6 +209,7 @@ class SourceOffset:
             "held": list(self.held),
             "tasks": self.tasks,
             "kafka": self.kafka,
+            "planned_with": self.planned_with,
         }
         encoded.update(self._state)
         return encoded
@@ -343,8 +345,6 @@ def _decode_partitions(raw: Mapping[str, Any]) -> tuple[Offsets, Offsets, dict[s
     decoded = _Decoded()
     for topic, columns in raw["topics"].items():
         _decode_topic(topic, columns, out_of_orderness, decoded)
-    data, data_from = decoded.data, decoded.data_from
-    partition_rows, channel_rows = decoded.partition_rows, decoded.channel_rows
     output_watermark, output_status = aligner["valve"]
     snapshot = {
         "topic": None,
@@ -352,13 +352,13 @@ def _decode_partitions(raw: Mapping[str, Any]) -> tuple[Offsets, Offsets, dict[s
         "valve": {
             "output_watermark": output_watermark,
             "output_status": output_status,
-            "channels": channel_rows,
+            "channels": decoded.channel_rows,
         },
         "counters": aligner["counters"],
         "consumer_idle_timeout_ms": aligner.get("consumer_idle_timeout_ms"),
-        "partitions": partition_rows,
+        "partitions": decoded.partition_rows,
     }
-    return data, data_from, snapshot
+    return decoded.data, decoded.data_from, snapshot
 
 
 @dataclass

@@ -28,8 +28,14 @@ from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_
 from spark_consumer.source.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
-# The source's Kafka clients' name (their logger is librdkafka.source).
+# The source's Kafka clients' names: the planner's (broker.py) under it, and the readers'
+# (their logger is slackwater.librdkafka.source.reader).
 SOURCE_CLIENT = "source"
+READER_CLIENT = f"{SOURCE_CLIENT}.reader"
+# Which of the source's clients a refusal's one line is about: the driver's or an
+# executor's (their settings, files and network may differ).
+PLANNER = "planner (driver)"
+READER = "reader (executor)"
 # The default withWatermark delay D: so large that the synthetic row (V + D) alone sets
 # Spark's watermark (real rows give newest - D, far below V).
 WATERMARK_DELAY_DAYS = 36_500
@@ -173,7 +179,7 @@ class SourceOptions:
     def client_config(self) -> dict[str, Any]:
         """The readers' clients' settings (reader_clients pools them by these)."""
         return kafka_clients.client_settings(
-            SOURCE_CLIENT, self.bootstrap_servers, self.kafka_config
+            READER_CLIENT, self.bootstrap_servers, self.kafka_config
         )
 
     def producer_config(self) -> dict[str, Any]:
@@ -198,12 +204,40 @@ class SourceOptions:
         """How many tasks a batch of ``records`` is planned in (logged in its offset)."""
         return max(self.tasks_per_batch, -(-records // self.max_records_per_task))
 
-    def refused(self, error: Any, action: str, group: str | None = None) -> SourceError | None:
+    def refused(
+        self, error: Any, action: str, group: str | None = None, by: str = PLANNER
+    ) -> SourceError | None:
         """The error to end the query with if the broker refused ``action`` ("read topic
         orders") or the consumer's ``group`` for lack of an ACL: one line naming the
-        principal, as the query cannot mend it by retrying. None for any other error."""
+        client (``by``: PLANNER or READER) and the principal, as the query cannot mend it
+        by retrying. None for any other error."""
         line = kafka_logging.authorization_problem(error, action, self.kafka_config, group)
-        return None if line is None else SourceError(line)
+        return None if line is None else SourceError(f"{by}: {line}")
+
+    def not_authenticated(self, failure: Any, by: str) -> SourceError:
+        """A failed authentication (refused credentials, a certificate refused or not
+        verified) as the one line that ends the query: the client and the principal or
+        the certificate problem, never a secret."""
+        return SourceError(
+            f"{by}: {kafka_logging.authentication_problem(failure, self.kafka_config)}"
+        )
+
+    def not_refused(self, client: str, by: str, answered: bool) -> None:
+        """Ends the task or the plan if librdkafka reported a refusal of ``client`` (to
+        its error callback, served by the consume call just made) and that call brought
+        nothing (not ``answered``): credentials or a certificate refused, or the
+        broker's not verified (a password rotated, a keytab or CA file missing on this
+        machine), which waiting for readTimeoutMs or progressTimeoutMs would only hide.
+        One that came with records is history (the broker answered), as the planner's
+        admin client takes it; librdkafka reports it again at its next attempt."""
+        failure = kafka_logging.take_authentication_failure(client)
+        if failure is not None and not answered:
+            raise self.not_authenticated(failure, by)
+
+    def not_made(self, error: Any, by: str) -> SourceError:
+        """A client librdkafka would not make of these settings (a CA file or keystore
+        missing on this machine) as the one line that ends the query."""
+        return SourceError(f"{by}: {kafka_logging.settings_problem(error, self.kafka_config)}")
 
     def subscribes(self, topic: str) -> bool:
         if self.topic_pattern is not None:

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from slackwater.list_offsets import Answers
 from spark_consumer.alignment import PartitionBatch
 from spark_consumer.source.broker import BrokerView, PlannerBroker
-from spark_consumer.source.options import channel
+from spark_consumer.source.options import SourceError, SourceOptions, channel
 from spark_consumer.source.plan import Plan
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
@@ -67,6 +67,32 @@ def follow(
         channel(t, p): plan.data[t][str(p)] for t, p in new if str(p) in plan.data.get(t, {})
     }
     plan.aligner.ensure_partitions(positions, positions)
+
+
+def drop_unsubscribed(plan: Plan, options: SourceOptions) -> None:
+    """Topics the options no longer subscribe (changed across a restart: docs/source.md,
+    "Options on restart") follow failOnDataLoss, as partitions gone do in Spark's Kafka
+    source: true stops the query in one line naming them (a topic dropped by mistake is
+    not dropped for good); false drops them: not read any more, their partitions count
+    as FINISHED as a deleted topic's do (their last batch's progress applied first)."""
+    dropped = sorted(t for t in plan.data if not options.subscribes(t))
+    if dropped and options.fail_on_data_loss:
+        option = "subscribePattern" if options.topic_pattern is not None else "subscribe"
+        raise SourceError(
+            f"option {option!r} no longer takes topic(s) {', '.join(dropped)}, which this "
+            "checkpoint reads: their records not read yet would be missed; subscribe to "
+            "them again, or set failOnDataLoss=false to drop them (not read any more, their "
+            "partitions FINISHED)"
+        )
+    for topic in dropped:
+        for partition in sorted(plan.data.pop(topic), key=int):
+            plan.aligner.finish(channel(topic, partition))
+            plan.count("partitions_unsubscribed")
+            log.warning(
+                "%s[%s] is no longer subscribed: it is not read any more and counts as FINISHED",
+                topic,
+                partition,
+            )
 
 
 def drop_vanished(plan: Plan, now: BrokerView, broker: PlannerBroker) -> None:

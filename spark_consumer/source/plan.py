@@ -72,8 +72,10 @@ def make_offset(
     max_event_time_ahead_ms: int | None = None,
     tasks: int | None = None,
     kafka: dict[str, Any] | None = None,
+    planned_with: dict[str, Any] | None = None,
 ) -> SourceOffset:
-    """One batch's offset: the batch reads ``from_data`` to ``data`` (the plan's data)."""
+    """One batch's offset: the batch reads ``from_data`` to ``data`` (the plan's data);
+    ``planned_with``: the options it is planned with (restart_options.planned_with)."""
     latest_event_ms = (
         None
         if max_event_time_ahead_ms is None
@@ -97,6 +99,7 @@ def make_offset(
         aligner=plan.aligner.snapshot(),
         tasks=tasks,
         kafka=kafka or {},
+        planned_with=planned_with or {},
     )
 
 

@@ -17,6 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source import partitions as broker_partitions
+from spark_consumer.source import planner_process, restart_options
 from spark_consumer.source.broker import PlannerBroker
 from spark_consumer.source.control_reader import ControlReader
 from spark_consumer.source.offset import Offsets, SourceOffset
@@ -34,7 +35,7 @@ from spark_consumer.source.plan import (
     unseen_channels,
 )
 from spark_consumer.source.progress_collector import ProgressCollector
-from spark_consumer.source.splits import batch_tasks
+from spark_consumer.source.splits import batch_tasks, options_for
 from spark_consumer.valve import MIN_WATERMARK
 
 
@@ -77,6 +78,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # Whether partitions() made sure the progress topic exists (a replay after a
         # restart runs before any plan).
         self._progress_topic_checked = False
+        # In Spark's planner process, the query's stop (SIGTERM) runs stop() below.
+        planner_process.stop_on_sigterm()
+        # The options changed since the checkpoint, once compared (restart_options), and
+        # what the offsets it plans keep of them.
+        self._changes: restart_options.Changes | None = None
+        self._planned_with = restart_options.planned_with(options)
 
     def __getstate__(self) -> dict[str, Any]:
         """Executors get the options only: Kafka clients stay with the planner."""
@@ -109,15 +116,15 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             from_data=data,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_per_batch,
+            planned_with=self._planned_with,
         )
+        self._changes = restart_options.Changes()  # a new query: nothing to compare
         return self._memory.returned(first)
 
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         start = self._memory.decoded(start_json)
-        if not self._remembered:  # what the query before a restart knew of Kafka
-            control = {self.options.control_topic or "": start.control}
-            self.broker.seen.remember(start.kafka, {**start.data, **control})
-            self._remembered = True
+        changes = self._compared(start)
+        self._remember(start, changes)
         try:
             now = self.broker.observe(start.data.keys())  # 1. look at the broker
         except KafkaException as error:
@@ -125,7 +132,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self._blind = True
             return start_json  # no batch while the broker is away; the query keeps running
         self.broker.authentication_failure()  # the broker answered: one before is history
-        if nothing_new_since(start, now) and self.options.consumer_idle_timeout_ms is None:
+        idle_clocks = self.options.consumer_idle_timeout_ms is not None
+        if nothing_new_since(start, now) and not (idle_clocks or changes.pending):
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
@@ -145,6 +153,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         #    batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
         plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
+        broker_partitions.drop_unsubscribed(plan, self.options)
         broker_partitions.drop_vanished(plan, now, self.broker)
         # 6. The data to read next, and the valve's output planned into its synthetic row.
         ends = data_ends(plan.data, now.latest, limit)
@@ -161,6 +170,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
             kafka=self.broker.seen.encode(),
+            planned_with=self._planned_with,
         )
         if same_batch(start, offset):
             self._memory.keep(start, plan.aligner)  # still start's state
@@ -171,6 +181,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         self, start: dict[str, Any], end_json: dict[str, Any]
     ) -> Sequence[InputPartition]:
         end = self._memory.decoded(end_json)
+        self._compared(end)  # a batch Spark runs again after a restart: a refusal ends it
         if not self._progress_topic_checked:
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
@@ -184,14 +195,17 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # On an executor: the readers' module is loaded there, never by the planner.
         from spark_consumer.source import readers
 
-        return readers.read(self.options, partition)
+        return readers.read(options_for(self.options, partition), partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # offsets live in Spark's checkpoint, not in a consumer group
 
     def stop(self) -> None:
-        self.control.close()
-        self.progress.close()
+        try:
+            self.control.close()
+            self.progress.close()
+        finally:
+            planner_process.end_if_asked()  # Spark's SIGTERM asked: the process ends here
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         if self.options.max_offsets_per_trigger is not None:
@@ -212,6 +226,14 @@ class SlackwaterStreamReader(DataSourceStreamReader):
                 self.broker.unreachable(error)
                 time.sleep(1.0)
 
+    def _remember(self, start: SourceOffset, changes: restart_options.Changes) -> None:
+        """What the query before a restart knew of Kafka, at its first plan."""
+        if not self._remembered:
+            control = start.control if not changes.control_topic else {}  # another topic's
+            positions = {**start.data, self.options.control_topic or "": control}
+            self.broker.seen.remember(start.kafka, positions)
+            self._remembered = True
+
     def _restore(self, offset: SourceOffset) -> Plan:
         aligner = self._memory.aligner(offset, self._channel_of)
         # Idle clocks count only time in which the broker was seen (semantics.md §6):
@@ -221,9 +243,21 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         if not self._planned or self._blind:
             aligner.restart_idle_clocks()
             self._planned, self._blind = True, False
-        # The option as the query runs now (it may have changed since the checkpoint).
-        aligner.consumer_idle_timeout_ms = self.options.consumer_idle_timeout_ms
-        return plan_of(offset, aligner)
+        # The options as the query runs now (they may have changed since the checkpoint).
+        restart_options.apply(aligner, self.options)
+        plan = plan_of(offset, aligner)
+        if self._changes is not None and self._changes.control_topic:
+            plan.control = {}  # another topic's positions: the new one from its start
+            aligner.forget_epochs()  # and its emitter's history
+        self._changes = restart_options.Changes()  # applied: the next plans plan as usual
+        return plan
+
+    def _compared(self, offset: SourceOffset) -> restart_options.Changes:
+        """The options changed since the checkpoint's ``offset``, compared once (each
+        said in one line; a refused one raises)."""
+        if self._changes is None:
+            self._changes = restart_options.compare(offset, self.options)
+        return self._changes
 
     def _new_aligner(self) -> MarkerAligner:
         return MarkerAligner(

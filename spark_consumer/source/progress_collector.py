@@ -84,7 +84,7 @@ class ProgressCollector:
         if not wanted:
             return {}
         if self._consumer is None:
-            self._consumer = self._broker.consumer()
+            self._consumer = self._broker.consumer("progress")
         positions = self._positions(plan)
         self._consumer.assign(
             [TopicPartition(self.options.progress_topic, p, o) for p, o in positions.items()]
@@ -170,13 +170,20 @@ class ProgressCollector:
         return missing_topic
 
     def _positions(self, plan: Plan) -> dict[int, int]:
-        """Every partition of the progress topic, from where the last plan stopped (from
-        its beginning if the plan has no position for it: no record is missed)."""
+        """Every partition of the progress topic, from where the last plan stopped; from
+        its beginning if the plan has no position for it (the topic is new, or was given
+        more partitions since: readers' keyed records go to any of them), so no record
+        is missed. The topic's partitions as the broker lists them now, at every wait."""
         positions = {int(p): o for p, o in plan.progress.items()}
-        if not positions:
+        try:
             described = self._broker.describe(self.options.progress_topic)
-            if described is not None and described.error is None:
-                positions = {p: OFFSET_BEGINNING for p in described.partitions}
+        except KafkaException:
+            if not positions:
+                raise
+            described = None  # the known partitions now, every partition at the next wait
+        if described is not None and described.error is None:
+            for partition in described.partitions:
+                positions.setdefault(partition, OFFSET_BEGINNING)
         return positions
 
     def _wanted(self, start: SourceOffset) -> dict[str, Task]:

@@ -39,6 +39,20 @@ def _key(config: dict[str, Any]) -> _Key:
     )
 
 
+class NotMade(Exception):
+    """librdkafka would not make a client of these settings (a file it cannot read, a
+    setting it does not know): its KafkaError is ``args[0]``."""
+
+
+def _made(factory: Any, config: dict[str, Any]) -> Any:
+    from confluent_kafka import KafkaException
+
+    try:
+        return factory(config)
+    except KafkaException as error:
+        raise NotMade(error.args[0]) from error
+
+
 @dataclass
 class Lease:
     """A borrowed consumer; ``spoiled`` once it has seen an error event (such a consumer
@@ -51,7 +65,8 @@ class Lease:
 @contextlib.contextmanager
 def borrowed_consumer(config: dict[str, Any]) -> Iterator[Lease]:
     """A consumer with these settings (one given back earlier, or a new one), with no
-    partition assigned; given back unassigned when the block ends without an error."""
+    partition assigned; given back unassigned when the block ends without an error.
+    NotMade if librdkafka would not make one."""
     from confluent_kafka import Consumer, KafkaException
 
     key = _key(config)
@@ -59,7 +74,7 @@ def borrowed_consumer(config: dict[str, Any]) -> Iterator[Lease]:
     with _lock:
         idle = _idle_consumers.get(key)
         consumer = idle.pop()[0] if idle else None
-    lease = Lease(consumer if consumer is not None else Consumer(config))
+    lease = Lease(consumer if consumer is not None else _made(Consumer, config))
     try:
         yield lease
     except BaseException:
@@ -77,14 +92,14 @@ def borrowed_consumer(config: dict[str, Any]) -> Iterator[Lease]:
 
 
 def producer(config: dict[str, Any]) -> Any:
-    """The producer for these settings, made on first use."""
+    """The producer for these settings, made on first use (NotMade if it would not be)."""
     from confluent_kafka import Producer
 
     key = _key(config)
     _close_idle()
     with _lock:
         made = _producers.get(key)
-        client = made[0] if made is not None else Producer(config)
+        client = made[0] if made is not None else _made(Producer, config)
         _producers[key] = (client, time.monotonic())
     return client
 

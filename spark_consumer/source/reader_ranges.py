@@ -12,7 +12,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from slackwater import kafka_clients, kafka_evidence
-from spark_consumer.source.options import SourceError, SourceOptions
+from spark_consumer.source.options import READER, SourceError, SourceOptions
 
 log = logging.getLogger("spark_consumer.source.readers")
 # Readers read by assignment and commit nothing; librdkafka still finds this group's
@@ -98,7 +98,10 @@ def follow_gone(
             fetch_again.append(current)
         elif failure is not None:
             raise options.refused(
-                failure, f"read topic {current.topic} (partition {current.partition})", READER_GROUP
+                failure,
+                f"read topic {current.topic} (partition {current.partition})",
+                READER_GROUP,
+                READER,
             ) or SourceError(
                 f"reading {current.topic}[{current.partition}] at {current.position}: {failure}"
             )

@@ -12,11 +12,17 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import TopicPartition
 
-from slackwater import kafka_clients
+from slackwater import kafka_clients, kafka_logging
 from spark_consumer.source import reader_clients
 from spark_consumer.source.arrow_rows import RowBuilder, runs, synthetic_batch
 from spark_consumer.source.late_rows import write_range
-from spark_consumer.source.options import GONE_CHECK_S, SourceError, SourceOptions
+from spark_consumer.source.options import (
+    GONE_CHECK_S,
+    READER,
+    READER_CLIENT,
+    SourceError,
+    SourceOptions,
+)
 from spark_consumer.source.progress import Progress
 from spark_consumer.source.reader_ranges import READER_GROUP, Key, Reading, follow_gone
 from spark_consumer.source.splits import (
@@ -44,6 +50,8 @@ def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.Record
     Records gone from under a range (retention, a deleted or re-created topic) follow the
     option failOnDataLoss, as in Spark's Kafka source: one clear error naming the
     partition and the offsets, or counted in the range's progress (``lost``) and skipped.
+    A refusal (credentials, a certificate, an ACL: this executor's settings or files may
+    not be the driver's) ends the task at once in one line naming the reader.
     """
     batch_id = spark_batch_id()
     builder = RowBuilder(
@@ -54,8 +62,14 @@ def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.Record
     )
     ids = dict(task.topic_ids)
     reading = {(t, p): Reading(t, p, a, b, topic_id=ids.get(t)) for t, p, a, b in task.ranges}
-    with reader_clients.borrowed_consumer(_reader_config(options)) as lease:
-        yield from _read(lease, options, builder, reading)
+    # A failure left by a client of an earlier task (a task's own are served by its
+    # consume calls, which come after this): never this task's to name.
+    kafka_logging.take_authentication_failure(READER_CLIENT)
+    try:
+        with reader_clients.borrowed_consumer(_reader_config(options)) as lease:
+            yield from _read(lease, options, builder, reading)
+    except reader_clients.NotMade as error:
+        raise options.not_made(error.args[0], READER) from None
     _finish_task(options, task, builder, reading, batch_id)
 
 
@@ -94,7 +108,8 @@ def _read(
     while open_ranges:
         asked = min(10_000, sum(r.end - r.position for r in open_ranges.values()))
         messages = consumer.consume(num_messages=asked, timeout=0.5)
-        failures = _take(messages, open_ranges, reading, builder, lease)
+        options.not_refused(READER_CLIENT, READER, answered=bool(messages))
+        failures = _take(messages, open_ranges, reading, builder, lease, options=options)
         if len(builder) >= options.max_records_per_arrow_batch:
             yield builder.flush()
         if messages:
@@ -142,14 +157,22 @@ def _take(
     reading: dict[Key, Reading],
     builder: RowBuilder,
     lease: reader_clients.Lease,
+    *,
+    options: SourceOptions,
 ) -> dict[Key, Any]:
     """One consume call's records into the builder, each range's position moved; returns
-    the first error of each range that had one."""
+    the first error of each range that had one. A client-wide refusal (the reader's
+    group not the principal's to describe: GROUP_AUTHORIZATION_FAILED) ends the task."""
     failures: dict[Key, Any] = {}
     for key, records, failure in runs(messages):
         if failure is not None:
             # An error event: this consumer is not given back to the pool after it.
             lease.spoiled = True
+            if key[0] is None:
+                topic = next(iter(reading))[0]
+                refused = options.refused(failure, f"read topic {topic}", READER_GROUP, READER)
+                if refused:
+                    raise refused
         current = open_ranges.get(key)
         if current is None:
             if failure is not None and key not in reading:
@@ -229,7 +252,10 @@ def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
             failures.append(error)
 
     config = {**options.producer_config(), "linger.ms": 0, "acks": "all"}
-    producer = reader_clients.producer(config)
+    try:
+        producer = reader_clients.producer(config)
+    except reader_clients.NotMade as error:
+        raise options.not_made(error.args[0], READER) from None
     producer.produce(options.progress_topic, key=key.encode(), value=value, on_delivery=delivered)
     # A record the broker refuses (authorization, size) leaves the queue with an error:
     # the task fails now, saying why, not the next plan after its progress timeout.
@@ -237,8 +263,11 @@ def _report_progress(options: SourceOptions, key: str, value: bytes) -> None:
         why = failures[0].str() if failures else "not acknowledged in time"
         reader_clients.drop_producer(config)  # it may be in any state now
         refused = failures and options.refused(
-            failures[0], f"write progress topic {options.progress_topic}"
+            failures[0], f"write progress topic {options.progress_topic}", by=READER
         )
+        not_authenticated = kafka_logging.take_authentication_failure(READER_CLIENT)
+        if not refused and not_authenticated is not None:
+            refused = options.not_authenticated(not_authenticated, READER)
         raise refused or SourceError(
             f"progress of {key} not written to {options.progress_topic}: {why}"
         )

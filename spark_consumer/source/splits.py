@@ -29,6 +29,7 @@ from spark_consumer.source.progress import (
     synthetic_progress_key,
     task_progress_key,
 )
+from spark_consumer.source.restart_options import event_time_field
 from spark_consumer.valve import MIN_WATERMARK
 
 # A task holds at most this many ranges: its progress record stays far below Kafka's
@@ -83,16 +84,18 @@ class TaskPartition(InputPartition):
     # version 1's readers wrote it (``progress_key``, ``Progress``), as the next plan of a
     # query restarted on that offset waits for.
     legacy: bool = False
-    # The event-time name in its progress key, set where the planner makes the task:
-    # its reader writes, and the planner waits for, the key of this one split.
-    event_time: str = "timestamp"
+    # The event-time field its batch was planned with (None: the Kafka timestamp, named
+    # "timestamp" in its progress key), set where the planner makes the task: its reader
+    # reads by it (``options_for``) and writes, and the planner waits for, the key of this
+    # one split.
+    event_time: str | None = None
     # (topic, id) of its ranges' topics as the planner knew them: a reader whose range
     # stays below its end tells a re-created topic by its new id (kafka_evidence rule 6).
     topic_ids: tuple[tuple[str, str], ...] = ()
 
     def progress_key(self, event_time: str | None = None) -> str:
         """The key of the progress record its reader writes."""
-        event_time = self.event_time if event_time is None else event_time
+        event_time = (self.event_time or "timestamp") if event_time is None else event_time
         if self.legacy:
             topic, partition, start, end = self.ranges[0]
             return progress_key(
@@ -141,6 +144,14 @@ class SyntheticPartition(InputPartition):
     def decode_progress(self, value: bytes) -> list[tuple[tuple[str, int], Progress]]:
         """Its task's record: Spark's batch id, under no partition ("", -1)."""
         return [(("", -1), Progress.decode(value))]
+
+
+def options_for(options: SourceOptions, partition: InputPartition) -> SourceOptions:
+    """The options a task is read with: the event-time field its batch was planned with
+    (a batch Spark runs again after a restart with another eventTimeField)."""
+    if isinstance(partition, TaskPartition) and partition.event_time != options.event_time_field:
+        return dataclasses.replace(options, event_time_field=partition.event_time)
+    return options
 
 
 def late_events_watermark(split: TaskPartition, batch_id: int | None) -> int:
@@ -192,7 +203,7 @@ def batch_tasks(
             query=end.query,
             latest_event_ms=end.latest_event_ms,
             legacy=end.tasks is None,
-            event_time=options.event_time_field or "timestamp",
+            event_time=event_time_field(end, options),
             topic_ids=_ids_of(ranges, topic_ids or {}),
         )
         for ranges in group_ranges(end.ranges(), end.tasks)
