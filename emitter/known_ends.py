@@ -2,7 +2,7 @@
 (``slackwater.kafka_evidence`` rules 3 and 6), so that no marker is placed on a stale
 leader's answer.
 
-    answer below the highest end seen:
+    answer below the highest end seen, or from an older leader epoch than the one seen:
         a newer leader epoch than that end's      -> truncated (unclean election): taken
         the topic's id is another                 -> re-created: taken, seen afresh
         otherwise (same or older epoch, none)     -> stale: this poll did not see it
@@ -48,14 +48,16 @@ class KnownEnds:
         low: list[TopicPartitionKey] = []
         for key, end in answers.items():
             known = ends.get(key)
-            if known is not None and end < known:
-                low.append(key)
+            epoch, known_epoch = epochs.get(key), known_epochs.get(key)
+            if (known is not None and end < known) or (
+                epoch is not None and known_epoch is not None and epoch < known_epoch
+            ):
+                low.append(key)  # below the end seen, or an older leader's answer
                 continue
             if known != end:
                 ends[key] = end
-            epoch = epochs.get(key)
-            if epoch is not None and epoch != known_epochs.get(key):
-                known_epochs[key] = max(epoch, known_epochs.get(key, epoch))
+            if epoch is not None and epoch != known_epoch:
+                known_epochs[key] = epoch  # (newer: an older one is judged above)
         if self._said:
             self._said &= set(low)
         if low:
@@ -74,24 +76,27 @@ class KnownEnds:
             t for t, i in ids_now.items() if kafka_evidence.topic_recreated(i, known_ids[t])
         }
         self._ids.update(ids_now)
+        for topic in recreated:  # a new log for every partition, low yet or not
+            for key in [k for k in self._ends if k[0] == topic]:
+                del self._ends[key]
+                self._epochs.pop(key, None)
         for key in low:
-            end, known = answers[key], self._ends[key]
+            end, known = answers[key], self._ends.get(key, -1)
             truncated = kafka_evidence.log_end_went_back(
                 end, known, epochs.get(key), self._epochs.get(key)
             )
             if key[0] in recreated or truncated:
                 self._ends[key] = end  # a new log: seen afresh from here
-                if key[0] in recreated:
-                    self._epochs.pop(key, None)
-                elif (epoch := epochs.get(key)) is not None:
+                if (epoch := epochs.get(key)) is not None:
                     self._epochs[key] = epoch
                 continue
             del answers[key]  # a stale leader's answer: not seen this poll
             if key not in self._said:
                 self._said.add(key)
                 log.warning(
-                    "%s[%d]'s log end %d is below the %d seen before, without a newer "
-                    "leader epoch or another topic id: a stale answer, not taken",
+                    "%s[%d]'s log end %d is below the %d seen before or from an older "
+                    "leader epoch, without a newer epoch or another topic id: a stale "
+                    "answer, not taken",
                     *key,
                     end,
                     known,

@@ -95,6 +95,8 @@ def client_logging(client: str) -> dict[str, Any]:
 
 # How librdkafka's words name an error of the client itself (not the broker's answer).
 _LOCAL = "Local: "
+# librdkafka's words when its OAUTHBEARER token could not be refreshed (rdkafka_sasl_oauthbearer.c).
+_TOKEN_NOT_ACQUIRED = "Failed to acquire SASL OAUTHBEARER token"
 # OpenSSL's reason when the broker's certificate does not verify against the client's CA.
 _CERTIFICATE_NOT_VERIFIED = "certificate verify failed"
 # OpenSSL's words for a TLS alert the broker sent about the client's certificate (mTLS,
@@ -115,7 +117,9 @@ def _credentials_refused(error: KafkaError) -> bool:
     "Local: Timed out"), and a TLS handshake cut short as _SSL: those are outages,
     waited out."""
     if error.code() == KafkaError._AUTHENTICATION:
-        return _LOCAL not in error.str()
+        # Its own token provider failing (an identity provider down) is not the broker's
+        # refusal: librdkafka keeps the current token and tries again.
+        return _LOCAL not in error.str() and _TOKEN_NOT_ACQUIRED not in error.str()
     if error.code() == KafkaError._SSL and _CERTIFICATE_NOT_VERIFIED in error.str():
         return True
     return error.code() in (KafkaError._SSL, KafkaError._TRANSPORT) and bool(

@@ -100,6 +100,13 @@ REFUSED_CERTIFICATE = "TLS handshake failed: the broker refused this client's ce
             "authentication failed as 'ops': " + REFUSED_SASL,
         ),
         (KafkaError._AUTHENTICATION, CUT_SASL, None),
+        # The client's own token provider failed (its identity provider down): librdkafka
+        # keeps the token it has and tries again, so this is an outage, not a refusal.
+        (
+            KafkaError._AUTHENTICATION,
+            "Failed to acquire SASL OAUTHBEARER token: identity provider unreachable",
+            None,
+        ),
         (
             KafkaError._SSL,
             UNVERIFIED,

@@ -78,3 +78,19 @@ def test_ids_are_asked_only_for_lower_ends(epoch: int | None) -> None:
     assert len(ids.asked) == asked
     known.believed({P0: 2}, {})
     assert len(ids.asked) == asked + 1
+
+
+def test_a_higher_end_from_an_older_epoch_is_stale() -> None:
+    known = _seen(Ids({"t": "a"}), {P0: 5}, {P0: 4})
+    assert known.believed({P0: 9}, {P0: 3}) == {}
+    assert known.believed({P0: 6}, {P0: 4}) == {P0: 6}
+
+
+def test_every_partition_of_a_recreated_topic_is_seen_afresh() -> None:
+    """P1 answers only after the topic was found re-created through P0: its new log,
+    in the new topic's epochs, is taken, not judged against the old topic's."""
+    ids = Ids({"t": "a"})
+    known = _seen(ids, {P0: 5, P1: 8}, {P0: 4, P1: 4})
+    ids.ids["t"] = "b"
+    assert known.believed({P0: 0}, {P0: 0}) == {P0: 0}
+    assert known.believed({P0: 1, P1: 2}, {P0: 0, P1: 0}) == {P0: 1, P1: 2}

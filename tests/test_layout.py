@@ -172,6 +172,9 @@ DRIVERS_ROOMS = {
     "spark_consumer.source.partitions",
     "spark_consumer.source.plan",
     "spark_consumer.source.planner_process",
+    "spark_consumer.source.gone_back",
+    "spark_consumer.source.seen_in",
+    "spark_consumer.source.restart_options",
 }
 # What Spark calls on a DataSourceStreamReader: the Spark-facing class has nothing else.
 SPARKS_CALLS = {

@@ -4,6 +4,7 @@ reads its ranges with one pooled consumer and writes one progress record."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -308,5 +309,40 @@ def test_a_reader_never_believes_one_low_log_end(
         assert [row["offset"] for row in rows] == list(range(10))
         driven.step()
         assert (driven.counter("records_lost"), driven.counter("records")) == (0, 10)
+    finally:
+        driven.stop()
+
+
+@pytest.mark.parametrize("epochs_ahead", [1, 0])
+def test_a_range_beyond_a_log_truncated_in_a_newer_epoch_is_gone(
+    broker: KafkaBroker, new_topic: TopicFactory, epochs_ahead: int
+) -> None:
+    """kafka_evidence rule 3 on a reader: its range was planned past where the log now
+    ends (what an unclean election leaves), so no fetch can say out of range. The log's
+    leader epoch newer than the one planned is the evidence: the rest is gone. The same
+    epoch is a stale answer's: the range waits, here until its short read timeout."""
+    topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
+    Writer(broker.bootstrap_servers, topic, control).data(0, *range(10))
+    given = options(broker.bootstrap_servers, topic, control, readTimeoutMs="8000")
+    driven = Driven.start(given)
+    try:
+        end = driven.plan()
+        [task] = [
+            t for t in driven.reader.partitions(driven.offset, end) if isinstance(t, TaskPartition)
+        ]
+        [(_, partition, planned_epoch)] = task.leader_epochs
+        # Planned on a log that ended at 20, in an epoch before the one the log has now.
+        beyond = dataclasses.replace(
+            task,
+            ranges=((topic, partition, 10, 20),),
+            leader_epochs=((topic, partition, planned_epoch - epochs_ahead),),
+        )
+        expected = (
+            rf"data loss: {topic}\[0\] offsets 10 to 19 are gone"
+            if epochs_ahead
+            else rf"timed out reading 1 range\(s\) .*{topic}\[0\] at 10 of 20"
+        )
+        with pytest.raises(SourceError, match=expected):
+            list(driven.reader.read(beyond))
     finally:
         driven.stop()

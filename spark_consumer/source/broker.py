@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +22,9 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
+from spark_consumer.source.gone_back import GoneBack
 from spark_consumer.source.offset import Offsets
 from spark_consumer.source.options import PLANNER, SOURCE_CLIENT, SourceError, SourceOptions
-from spark_consumer.source.seen_in import SeenIn
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
 log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
@@ -61,19 +61,14 @@ class PlannerBroker:
         # answers, nor another query's (kafka_logging keys failures by the whole name).
         self.client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
-        # What the query's positions were seen in (kafka_evidence rules 3 and 6): the
-        # newest leader epoch of a log end at or past the position, and each read
-        # topic's id; kept in the offset.
-        self.seen = SeenIn()
-        self.leader_epochs = self.seen.leader_epochs
-        self.topic_ids = self.seen.topic_ids
+        # Offsets gone back, judged on what the positions were seen in (gone_back.py).
+        self.gone = GoneBack(
+            options, lambda names: kafka_clients.topic_ids(self.admin, names, self._timeout_s)
+        )
+        self.seen = self.gone.seen
+        self.topic_ids = self.gone.topic_ids
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
-        # Partitions whose log end is below the position and was said so.
-        self._said_low: set[Key] = set()
-        # Partitions found gone back and not yet started again (``started_again``): the
-        # evidence is taken once (the new topic id is kept), so the finding is.
-        self._going_back: set[Key] = set()
 
     def client(self, role: str) -> str:
         """The name of this planner's client ``role``: admin, control or progress."""
@@ -135,8 +130,10 @@ class PlannerBroker:
         if control is not None and control not in self.topic_ids and control_ends:
             unnamed.append(control)
         if unnamed:  # a topic first seen: its id, once (rule 6)
-            self.topic_ids.update(kafka_clients.topic_ids(self.admin, unnamed, self._timeout_s))
-            self.seen.changed()
+            learned = kafka_clients.topic_ids(self.admin, unnamed, self._timeout_s)
+            if learned:
+                self.topic_ids.update(learned)
+                self.seen.changed()
         return BrokerView(
             counts, frozenset(metadata.topics), latest, control_ends, latest.leader_epochs
         )
@@ -303,115 +300,10 @@ class PlannerBroker:
 
     # ---------------------------------------------------------------- judgments
 
-    def went_back(self, data: Offsets, now: BrokerView) -> list[Key]:
-        """Partitions whose offsets went back, on Kafka's evidence alone: the topic's id
-        changed (kafka_evidence rule 6: re-created), or a log end below the position was
-        answered in a newer leader epoch than any end at or past it (rule 3: truncated
-        by an unclean election). A lower end with neither is a stale leader's: the
-        partition stands still (a batch never reads past its start) for as long as that
-        lasts, never on a timer. failOnDataLoss=true stops the query at the first."""
-        positions = (
-            ((topic, int(partition)), position)
-            for topic, partitions in data.items()
-            for partition, position in partitions.items()
-        )
-        went_back, recreated = self._went_back(positions, now)
-        if went_back and self.options.fail_on_data_loss:
-            topic, number = went_back[0]
-            why = "re-created" if topic in recreated else "truncated in a newer leader epoch"
-            raise SourceError(
-                f"data loss: {topic}[{number}]'s log end went back from "
-                f"{data[topic][str(number)]} to {now.latest[(topic, number)]} (the topic was "
-                f"{why}): records this query had not read may be gone; the option "
-                "failOnDataLoss=false starts again at its earliest offset"
-            )
-        return went_back
-
-    def control_went_back(self, control: dict[str, int], now: BrokerView) -> list[str]:
-        """The control topic's partitions whose offsets went back, by the same evidence
-        as ``went_back``: one low answer once made the planner read it again from 0 and
-        forget every emitter epoch, so a fenced emitter's marker was accepted again."""
-        topic = self.options.control_topic
-        if topic is None:
-            return []
-        positions = (((topic, int(p)), position) for p, position in control.items())
-        went_back = self._went_back(positions, now)[0]
-        for key in went_back:
-            self.started_again(key)  # the control reader reads it from 0 at once
-        return [str(p) for _, p in went_back]
-
-    def _went_back(
-        self, positions: Iterable[tuple[Key, int]], now: BrokerView
-    ) -> tuple[list[Key], set[str]]:
-        """Those of ``positions`` whose offsets went back (rules 3 and 6), and the topics
-        found re-created; every other end's leader epoch is kept as known."""
-        low: dict[Key, tuple[int, int]] = {}
-        epochs, answered, said = self.leader_epochs, now.leader_epochs, self._said_low
-        going_back, still_going_back = self._going_back, []
-        for key, position in positions:
-            if going_back and key in going_back:
-                still_going_back.append(key)  # found before: its start was not answered
-                continue
-            end = now.latest.get(key)
-            if end is None:
-                continue  # no answer: nothing to judge
-            if kafka_evidence.lower_end(end, position):
-                low[key] = (end, position)
-                continue
-            if said:
-                said.discard(key)  # past it: said again should it come back
-            epoch = answered.get(key)
-            if epoch is not None and epoch > epochs.get(key, -1):
-                epochs[key] = epoch  # (rule 3's known epoch)
-                self.seen.changed()
-        if not low:
-            return sorted(still_going_back), set()
-        recreated = self._recreated({topic for topic, _ in low})
-        went_back = sorted(
-            key
-            for key, (end, position) in low.items()
-            if key[0] in recreated
-            or kafka_evidence.log_end_went_back(end, position, answered.get(key), epochs.get(key))
-        )
-        self._say_stale(now, {k: low[k] for k in low.keys() - set(went_back)})
-        for key in went_back:
-            self._said_low.discard(key)
-        self._going_back.update(went_back)
-        return sorted(went_back + still_going_back), recreated
-
-    def started_again(self, key: Key) -> None:
-        """A partition that went back is read from its new start: the new log's epochs
-        count from here."""
-        self._going_back.discard(key)
-        self.leader_epochs.pop(key, None)
-        self.seen.changed()
-
-    def _recreated(self, topics: set[str]) -> set[str]:
-        """Those of ``topics`` whose id is not the one first seen (rule 6); the new id is
-        kept, so a topic counts as re-created once."""
-        known = {t: self.topic_ids[t] for t in topics if t in self.topic_ids}
-        ids_now = kafka_clients.topic_ids(self.admin, list(known), self._timeout_s)
-        recreated = {t for t, i in ids_now.items() if kafka_evidence.topic_recreated(i, known[t])}
-        self.topic_ids.update(ids_now)
-        self.seen.changed()
-        return recreated
-
-    def _say_stale(self, now: BrokerView, stale: dict[Key, tuple[int, int]]) -> None:
-        """Once per partition while it lasts (a partition past it is said again)."""
-        for key, (end, position) in sorted(stale.items()):
-            if key in self._said_low:
-                continue
-            log.warning(
-                "%s[%d]'s log end %d (leader epoch %s) is below this query's position %d, "
-                "and Kafka gives no evidence that it went back (the same topic id, no "
-                "leader epoch newer than %s): a stale leader's answer; it stands still",
-                *key,
-                end,
-                now.leader_epochs.get(key, "unknown"),
-                position,
-                self.leader_epochs.get(key, "unknown"),
-            )
-            self._said_low.add(key)
+    def forget(self, key: Key, last_of_topic: bool) -> None:
+        """A partition that left the reading (vanished, unsubscribed): see GoneBack."""
+        self.gone.forget(key, last_of_topic)
+        self._missing.pop(key, None)
 
     def vanished(self, data: Offsets, now: BrokerView) -> list[Key]:
         """Partitions the broker no longer lists: a topic missing from the metadata, or

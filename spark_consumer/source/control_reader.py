@@ -76,13 +76,13 @@ class ControlReader:
             )
 
     def _follow_ends(self, plan: Plan, now: BrokerView) -> None:
-        """A partition whose offsets went back (``PlannerBroker.control_went_back``: the
+        """A partition whose offsets went back (``GoneBack.control_went_back``: the
         control topic was re-created or truncated, on Kafka's evidence) is read again
         from its start, and the epochs of a new emitter history are taken as they come.
         One below the position without that evidence stands still."""
         for partition in now.control_ends:
             plan.control.setdefault(partition, 0)
-        for partition in self._broker.control_went_back(plan.control, now):
+        for partition in self._broker.gone.control_went_back(plan.control, now):
             log.warning(
                 "control topic %s[%s] ends at %d, before this query's position %d, and "
                 "went back (re-created or truncated): reading it again from its start",

@@ -1,10 +1,8 @@
 """The source's offset: what Spark logs before each batch (``offsets/N``), so that a
 replay plans the same batch and a restart continues from it (semantics.md §6).
 
-One frozen type, ``SourceOffset``, read everywhere an offset is read, with two wire
-formats: version 2, written since issue 22, and version 1, still read so that
-checkpoints written before it restart (``decode``; every shape of version 1 main wrote,
-one of each in tests/data). An offset it cannot read is one line (``unreadable``).
+One frozen type, ``SourceOffset``, in two wire formats: version 2 (since issue 22) and
+version 1, read in every shape main wrote (tests/data); else one line (``unreadable``).
 
 Version 1 wrote about 155 bytes per partition (positions twice, rows led by channel
 names). Version 2 keeps the batch's summary readable (``watermark``, ``status``, ...),
@@ -167,8 +165,8 @@ class SourceOffset:
             held=list(raw.get("held", [])),  # nothing held before 969c088
             tasks=None if version == 1 else _optional_int(raw.get("tasks")),
             version=version,
-            kafka=dict(raw.get("kafka", {})),  # none before issue 31
-            planned_with=dict(raw.get("planned_with", {})),  # none before its finding 7
+            kafka=_object(raw.get("kafka")),  # none before issue 31 (skipped if odd)
+            planned_with=_object(raw.get("planned_with")),  # none before its finding 7
         )
 
     def statuses(self) -> dict[str, str]:
@@ -445,9 +443,7 @@ def _take(
     written = columns.get(name, default)
     differences = written if isinstance(written, list) else [written] * count
     if len(differences) != count:
-        raise OffsetFormatError(
-            f"offset column {name!r} has {len(differences)} values, not {count}"
-        )
+        raise OffsetFormatError(f"offset column {name!r}: {len(differences)} values, not {count}")
     return [
         None if d is None else int(d) if r is None else r + sign * int(d)
         for d, r in zip(differences, references, strict=True)
@@ -498,3 +494,7 @@ def _latest_event_ms(raw: Mapping[str, Any], ahead_ms: int | None) -> int | None
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}

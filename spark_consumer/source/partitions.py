@@ -32,10 +32,10 @@ def follow(
     * A partition the broker lists that the plan does not (a new topic or partition)
       starts at its earliest offset, as a new channel.
     * Offsets that went back (the topic was re-created, or truncated): failOnDataLoss
-      stops the query (``broker.went_back`` raises), or the partition starts again at
+      stops the query (``GoneBack.went_back`` raises), or the partition starts again at
       its earliest offset; its last batch no longer counts.
     """
-    went_back = broker.went_back(plan.data, now)
+    went_back = broker.gone.went_back(plan.data, now)
     listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
     new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
     try:
@@ -58,10 +58,14 @@ def follow(
             offset,
         )
         plan.data[topic][str(partition)] = offset
-        broker.started_again((topic, partition))
+        broker.gone.started_again((topic, partition))
         plan.aligner.restart_at(channel(topic, partition), offset)
         batch.pop(channel(topic, partition), None)
         plan.count("offsets_went_back")
+    for key in set(went_back) - starts.keys():
+        # Gone back, its earliest offset not answered yet: no range this plan, not even
+        # one to the new log's end past the old position (it would be read twice).
+        now.latest.pop(key, None)
     # (The aligner has a channel for every partition the plan reads: only new ones.)
     positions: dict[Hashable, int] = {
         channel(t, p): plan.data[t][str(p)] for t, p in new if str(p) in plan.data.get(t, {})
@@ -69,7 +73,7 @@ def follow(
     plan.aligner.ensure_partitions(positions, positions)
 
 
-def drop_unsubscribed(plan: Plan, options: SourceOptions) -> None:
+def drop_unsubscribed(plan: Plan, options: SourceOptions, broker: PlannerBroker) -> None:
     """Topics the options no longer subscribe (changed across a restart: docs/source.md,
     "Options on restart") follow failOnDataLoss, as partitions gone do in Spark's Kafka
     source: true stops the query in one line naming them (a topic dropped by mistake is
@@ -85,7 +89,9 @@ def drop_unsubscribed(plan: Plan, options: SourceOptions) -> None:
             "partitions FINISHED)"
         )
     for topic in dropped:
-        for partition in sorted(plan.data.pop(topic), key=int):
+        numbers = sorted(plan.data.pop(topic), key=int)
+        for partition in numbers:
+            broker.forget((topic, int(partition)), last_of_topic=partition == numbers[-1])
             plan.aligner.finish(channel(topic, partition))
             plan.count("partitions_unsubscribed")
             log.warning(
@@ -102,6 +108,7 @@ def drop_vanished(plan: Plan, now: BrokerView, broker: PlannerBroker) -> None:
         plan.data[topic].pop(str(partition))
         if not plan.data[topic]:
             del plan.data[topic]
+        broker.forget((topic, partition), last_of_topic=topic not in plan.data)
         plan.aligner.finish(channel(topic, partition))
         plan.count("partitions_deleted")
         log.warning(

@@ -35,6 +35,7 @@ from spark_consumer.source.plan import (
     unseen_channels,
 )
 from spark_consumer.source.progress_collector import ProgressCollector
+from spark_consumer.source.seen_in import kept_epochs
 from spark_consumer.source.splits import batch_tasks, options_for
 from spark_consumer.valve import MIN_WATERMARK
 
@@ -153,7 +154,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         #    batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
         plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
-        broker_partitions.drop_unsubscribed(plan, self.options)
+        broker_partitions.drop_unsubscribed(plan, self.options, self.broker)
         broker_partitions.drop_vanished(plan, now, self.broker)
         # 6. The data to read next, and the valve's output planned into its synthetic row.
         ends = data_ends(plan.data, now.latest, limit)
@@ -188,7 +189,12 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             with contextlib.suppress(KafkaException):
                 self.broker.ensure_progress_topic()
             self._progress_topic_checked = True
-        tasks, synthetic = batch_tasks(self.options, end, self.broker.topic_ids)
+        tasks, synthetic = batch_tasks(
+            self.options,
+            end,
+            {**self.broker.topic_ids, **_kept_ids(end)},
+            kept_epochs(end.kafka, end.data),
+        )
         return [*tasks, synthetic] if synthetic is not None else tasks
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -273,3 +279,10 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             if self.options.subscribes(marker.topic)
             else None
         )
+
+
+def _kept_ids(offset: SourceOffset) -> dict[str, str]:
+    """The topic ids the batch was planned against (a replay after a restart plans
+    before this planner has seen any)."""
+    ids = offset.kafka.get("ids")
+    return {str(t): str(i) for t, i in ids.items()} if isinstance(ids, dict) else {}

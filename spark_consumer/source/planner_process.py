@@ -12,6 +12,7 @@ no report to a socket Spark has closed and no traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -61,5 +62,6 @@ def _ask(_signum: int, _frame: FrameType | None) -> None:
 def end_if_asked() -> None:
     """After the source's stop: the process ends here if Spark's SIGTERM asked for it."""
     if _Asked.stop:
+        logging.shutdown()  # the stop's last lines reach every handler's file
         sys.stderr.flush()
         os._exit(0)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
-from slackwater import kafka_clients, kafka_evidence
-from spark_consumer.source.options import READER, SourceError, SourceOptions
+from slackwater import kafka_clients, kafka_evidence, list_offsets
+from spark_consumer.source.options import READER, READER_CLIENT, SourceError, SourceOptions
 
 log = logging.getLogger("spark_consumer.source.readers")
 # Readers read by assignment and commit nothing; librdkafka still finds this group's
@@ -30,8 +31,10 @@ class Reading:
     partition: int
     start: int
     end: int
-    # Its topic's id when the range was planned (None: not known then).
+    # Its topic's id and its partition's leader epoch when the range was planned (None:
+    # not known then).
     topic_id: str | None = None
+    leader_epoch: int | None = None
     position: int = -1
     lost: int = 0
     # Answers in a row that its topic or partition does not exist.
@@ -123,24 +126,45 @@ class _TopicIdsNow:
         self._admin: Any = None
         self._ids: dict[str, str | None] = {}
 
+    @property
+    def admin(self) -> Any:
+        if self._admin is None:  # the reader's settings; it never creates a topic
+            self._admin = kafka_clients.admin_client(
+                READER_CLIENT, self._options.bootstrap_servers, self._options.kafka_config
+            )
+        return self._admin
+
     def __call__(self, topic: str) -> str | None:
         if topic not in self._ids:
-            if self._admin is None:
-                from confluent_kafka.admin import AdminClient
-
-                self._admin = AdminClient(self._options.client_config())
             timeout_s = self._options.request_timeout_s
-            self._ids[topic] = kafka_clients.topic_ids(self._admin, [topic], timeout_s).get(topic)
+            self._ids[topic] = kafka_clients.topic_ids(self.admin, [topic], timeout_s).get(topic)
         return self._ids[topic]
+
+    def log_end(self, topic: str, partition: int) -> tuple[int, int | None] | None:
+        """The partition's log end and the leader epoch one ListOffsets answer carries
+        (the consumer's watermark answer has no epoch); None without an answer."""
+        timeout_s = self._options.request_timeout_s
+        request = list_offsets.Request([(topic, partition)], OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        try:
+            answers = kafka_clients.answer(
+                list_offsets.submit(self.admin, request, timeout_s=timeout_s), timeout_s
+            )
+        except KafkaException:
+            return None
+        end = answers.get((topic, partition))
+        if not isinstance(end, int):
+            return None  # an error for the partition (an unknown offset is one: rule 5)
+        return end, answers.leader_epochs.get((topic, partition))
 
 
 def _recreated_under(
     consumer: Any, split: Reading, topic_id_now: _TopicIdsNow, timeout_s: float
 ) -> int | None:
-    """The range's end if its topic was re-created since it was planned: the log ends at
-    or before the position, below the planned end (nothing more of the range can come,
-    so no fetch will ever say out of range), and the topic's id is another (kafka_evidence
-    rule 6). A lower end with the same id is a stale leader's: the range waits."""
+    """The range's end if its topic was re-created, or its log truncated, since it was
+    planned: the log ends at or before the position, below the planned end (nothing more
+    of the range can come, so no fetch will ever say out of range), and the topic's id
+    is another (kafka_evidence rule 6) or the leader epoch newer (rule 3). A lower end
+    with neither is a stale leader's: the range waits."""
     if split.topic_id is None:
         return None  # planned without the id (a replay before any plan): cannot tell
     try:
@@ -153,7 +177,16 @@ def _recreated_under(
         return None
     if kafka_evidence.topic_recreated(topic_id_now(split.topic), split.topic_id):
         return split.end
-    return None
+    if split.leader_epoch is None:
+        return None
+    # The end and the epoch of one answer: a stale end beside a fresh epoch is no proof.
+    answer = topic_id_now.log_end(split.topic, split.partition)
+    truncated = (
+        answer is not None
+        and answer[0] <= split.position
+        and kafka_evidence.log_end_went_back(answer[0], split.end, answer[1], split.leader_epoch)
+    )
+    return split.end if truncated else None  # (by an unclean election since it was planned)
 
 
 # What _describe answers when the broker cannot tell now.

@@ -60,8 +60,11 @@ def read_task(options: SourceOptions, task: TaskPartition) -> Iterator[pa.Record
         options.late_rule if options.late_output is not None else None,
         task.latest_event_ms,
     )
-    ids = dict(task.topic_ids)
-    reading = {(t, p): Reading(t, p, a, b, topic_id=ids.get(t)) for t, p, a, b in task.ranges}
+    ids, epochs = dict(task.topic_ids), {(t, p): e for t, p, e in task.leader_epochs}
+    reading = {
+        (t, p): Reading(t, p, a, b, topic_id=ids.get(t), leader_epoch=epochs.get((t, p)))
+        for t, p, a, b in task.ranges
+    }
     # A failure left by a client of an earlier task (a task's own are served by its
     # consume calls, which come after this): never this task's to name.
     kafka_logging.take_authentication_failure(READER_CLIENT)

@@ -67,3 +67,10 @@ class SeenIn:
         except (AttributeError, TypeError, ValueError) as error:
             log.warning("the offset's topic ids and leader epochs are unreadable: %s", error)
         self.changed()
+
+
+def kept_epochs(kafka: Mapping[str, Any], positions: Mapping[str, Any]) -> dict[Key, int]:
+    """The leader epochs an offset kept for its ``positions`` (its data, by topic)."""
+    seen = SeenIn()
+    seen.remember(kafka, positions)
+    return seen.leader_epochs

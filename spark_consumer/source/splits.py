@@ -92,6 +92,9 @@ class TaskPartition(InputPartition):
     # (topic, id) of its ranges' topics as the planner knew them: a reader whose range
     # stays below its end tells a re-created topic by its new id (kafka_evidence rule 6).
     topic_ids: tuple[tuple[str, str], ...] = ()
+    # (topic, partition, leader epoch) of its ranges' ends as planned: a reader whose
+    # range stays below its end tells a log truncated since by a newer epoch (rule 3).
+    leader_epochs: tuple[tuple[str, int, int], ...] = ()
 
     def progress_key(self, event_time: str | None = None) -> str:
         """The key of the progress record its reader writes."""
@@ -187,7 +190,10 @@ def spark_batch_id() -> int | None:
 
 
 def batch_tasks(
-    options: SourceOptions, end: SourceOffset, topic_ids: Mapping[str, str] | None = None
+    options: SourceOptions,
+    end: SourceOffset,
+    topic_ids: Mapping[str, str] | None = None,
+    leader_epochs: Mapping[tuple[str, int], int] | None = None,
 ) -> tuple[list[TaskPartition], SyntheticPartition | None]:
     """The tasks of the batch that ends at ``end``: its reader tasks (its ranges grouped
     as the offset says), and its synthetic row once the valve has a watermark. The
@@ -205,6 +211,7 @@ def batch_tasks(
             legacy=end.tasks is None,
             event_time=event_time_field(end, options),
             topic_ids=_ids_of(ranges, topic_ids or {}),
+            leader_epochs=_epochs_of(ranges, leader_epochs or {}),
         )
         for ranges in group_ranges(end.ranges(), end.tasks)
     ]
@@ -220,3 +227,9 @@ def batch_tasks(
 
 def _ids_of(ranges: Sequence[Range], topic_ids: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({(r[0], topic_ids[r[0]]) for r in ranges if r[0] in topic_ids}))
+
+
+def _epochs_of(
+    ranges: Sequence[Range], epochs: Mapping[tuple[str, int], int]
+) -> tuple[tuple[str, int, int], ...]:
+    return tuple((t, p, epochs[(t, p)]) for t, p, _, _ in ranges if (t, p) in epochs)

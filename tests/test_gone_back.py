@@ -1,0 +1,141 @@
+"""Whether a partition's offsets went back (spark_consumer/source/gone_back.py), on
+Kafka's evidence alone (docs/semantics.md, "Kafka's evidence", rules 3 and 6): one test
+per case of the module's timeline, on plans the test makes (no broker needed: the topic
+ids Kafka would describe are the test's)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import pytest
+
+from spark_consumer.source.broker import BrokerView
+from spark_consumer.source.gone_back import GoneBack
+from spark_consumer.source.options import SourceError, SourceOptions
+
+Key = tuple[str, int]
+
+
+class Ids:
+    """What DescribeTopics answers now."""
+
+    def __init__(self, **ids: str) -> None:
+        self.ids = dict(ids)
+
+    def __call__(self, names: Collection[str]) -> dict[str, str]:
+        return {n: self.ids[n] for n in names if n in self.ids}
+
+
+def _judge(ids: Ids, fail_on_data_loss: bool = False) -> GoneBack:
+    options = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:1",
+            "subscribe": "t",
+            "controlTopic": "c",
+            "failOnDataLoss": str(fail_on_data_loss).lower(),
+        }
+    )
+    judge = GoneBack(options, ids)
+    judge.topic_ids.update(ids.ids)  # first seen: as PlannerBroker.observe learns them
+    return judge
+
+
+def _view(latest: dict[Key, int], epochs: dict[Key, int]) -> BrokerView:
+    control = {str(p): end for (t, p), end in latest.items() if t == "c"}
+    return BrokerView({"t": 3}, frozenset({"t", "c"}), dict(latest), control, dict(epochs))
+
+
+DATA = {"t": {"0": 100, "1": 100, "2": 100}}
+
+
+def _seen_at(judge: GoneBack, epoch: int) -> None:
+    """A plan whose every answer is at the position, in ``epoch``: the known epoch."""
+    now = _view({("t", p): 100 for p in range(3)}, {("t", p): epoch for p in range(3)})
+    assert judge.went_back(DATA, now) == []
+
+
+def test_an_end_at_or_past_the_position_is_no_finding_and_its_epoch_is_known() -> None:
+    judge = _judge(Ids(t="a"))
+    _seen_at(judge, 4)
+    assert judge.leader_epochs == {("t", p): 4 for p in range(3)}
+
+
+def test_a_lower_end_from_the_same_epoch_is_stale_and_not_planned_to() -> None:
+    judge = _judge(Ids(t="a"), fail_on_data_loss=True)
+    _seen_at(judge, 4)
+    now = _view({("t", 0): 3, ("t", 1): 100, ("t", 2): 120}, {("t", p): 4 for p in range(3)})
+    assert judge.went_back(DATA, now) == []
+    assert now.latest == {("t", 1): 100, ("t", 2): 120}  # ("t", 0) not seen this plan
+
+
+def test_a_higher_end_from_an_older_epoch_is_stale_and_not_planned_to() -> None:
+    judge = _judge(Ids(t="a"))
+    _seen_at(judge, 4)
+    now = _view({("t", p): 150 for p in range(3)}, {("t", 0): 3, ("t", 1): 4, ("t", 2): 5})
+    assert judge.went_back(DATA, now) == []
+    assert sorted(now.latest) == [("t", 1), ("t", 2)]
+    assert judge.leader_epochs[("t", 2)] == 5
+
+
+def test_a_lower_end_from_a_newer_epoch_was_truncated() -> None:
+    judge = _judge(Ids(t="a"))
+    _seen_at(judge, 4)
+    now = _view({("t", 0): 60, ("t", 1): 100, ("t", 2): 100}, {("t", p): 5 for p in range(3)})
+    assert judge.went_back(DATA, now) == [("t", 0)]
+
+
+def test_a_lower_end_without_a_known_epoch_tells_nothing() -> None:
+    judge = _judge(Ids(t="a"))
+    now = _view({("t", 0): 60}, {("t", 0): 5})
+    assert judge.went_back(DATA, now) == []
+
+
+def test_a_recreated_topic_goes_back_whole_even_where_no_answer_came_yet() -> None:
+    ids = Ids(t="a")
+    judge = _judge(ids)
+    _seen_at(judge, 4)
+    ids.ids["t"] = "b"
+    # Partition 0 answers low, 1 above the position, 2 not at all (no leader yet).
+    now = _view({("t", 0): 5, ("t", 1): 300}, {("t", 0): 0, ("t", 1): 0})
+    assert judge.went_back(DATA, now) == [("t", 0), ("t", 1), ("t", 2)]
+    assert judge.topic_ids == {"t": "b"}
+    # Not started again yet (its earliest offset not answered): still found, next plan.
+    later = _view({("t", p): 5 for p in range(3)}, {("t", p): 0 for p in range(3)})
+    assert judge.went_back(DATA, later) == [("t", 0), ("t", 1), ("t", 2)]
+    for partition in range(3):
+        judge.started_again(("t", partition))
+    assert judge.went_back({"t": {"0": 0, "1": 0, "2": 0}}, later) == []
+
+
+def test_a_recreated_topic_stops_the_query_with_failondataloss() -> None:
+    ids = Ids(t="a")
+    judge = _judge(ids, fail_on_data_loss=True)
+    _seen_at(judge, 4)
+    ids.ids["t"] = "b"
+    with pytest.raises(SourceError, match=r"t\[0\]'s log end went back from 100 to 5 .*re-created"):
+        judge.went_back(DATA, _view({("t", 0): 5}, {("t", 0): 0}))
+
+
+def test_a_recreated_control_topic_is_read_again_once_whole() -> None:
+    ids = Ids(c="x")
+    judge = _judge(ids)
+    control = {"0": 7, "1": 9}
+    seen = _view({("c", 0): 7, ("c", 1): 9}, {("c", 0): 2, ("c", 1): 2})
+    assert judge.control_went_back(control, seen) == []
+    ids.ids["c"] = "y"
+    assert judge.control_went_back(control, _view({("c", 0): 1}, {("c", 0): 0})) == ["0", "1"]
+    reread = {"0": 0, "1": 0}
+    assert judge.control_went_back(reread, _view({("c", 0): 1}, {("c", 0): 0})) == []
+
+
+def test_a_forgotten_topic_made_again_later_is_a_new_one_not_one_gone_back() -> None:
+    ids = Ids(t="a")
+    judge = _judge(ids)
+    _seen_at(judge, 4)
+    for partition in range(3):
+        judge.forget(("t", partition), last_of_topic=partition == 2)
+    assert judge.topic_ids == {} and judge.leader_epochs == {}
+    ids.ids["t"] = "b"
+    judge.topic_ids["t"] = "b"  # learned afresh when it is first seen again
+    new = {"t": {"0": 0}}
+    assert judge.went_back(new, _view({("t", 0): 0}, {("t", 0): 0})) == []
