@@ -67,13 +67,14 @@ class GoneBack:
         if recreated:  # every partition of a topic re-created, low yet or not
             went_back = self._whole(recreated, went_back, data)
         if went_back and self.options.fail_on_data_loss:
-            topic, number = went_back[0]
+            # Named by one that answered (a re-created topic's others may not have yet).
+            topic, number = next((k for k in went_back if k in now.latest), went_back[0])
             why = "re-created" if topic in recreated else "truncated in a newer leader epoch"
             raise SourceError(
                 f"data loss: {topic}[{number}]'s log end went back from "
-                f"{data[topic][str(number)]} to {now.latest[(topic, number)]} (the topic was "
-                f"{why}): records this query had not read may be gone; the option "
-                "failOnDataLoss=false starts again at its earliest offset"
+                f"{data[topic][str(number)]} to {now.latest.get((topic, number), 'unknown')} "
+                f"(the topic was {why}): records this query had not read may be gone; the "
+                "option failOnDataLoss=false starts again at its earliest offset"
             )
         return went_back
 
