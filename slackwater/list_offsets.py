@@ -176,6 +176,9 @@ _RETRIABLE_NAMES = (
     "NOT_ENOUGH_REPLICAS",
     "KAFKA_STORAGE_ERROR",
     "REQUEST_TIMED_OUT",
+    # librdkafka's own, for a partition its metadata does not hold (yet, or any more: a
+    # topic re-created with fewer): asked again; the planner's vanished() judges it.
+    "_UNKNOWN_PARTITION",
 )
 RETRIABLE_ERRORS = frozenset(
     getattr(KafkaError, n) for n in _RETRIABLE_NAMES if hasattr(KafkaError, n)

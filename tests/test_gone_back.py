@@ -99,6 +99,13 @@ def test_a_recreated_topic_goes_back_whole_even_where_no_answer_came_yet() -> No
     now = _view({("t", 0): 5, ("t", 1): 300}, {("t", 0): 0, ("t", 1): 0})
     assert judge.went_back(DATA, now) == [("t", 0), ("t", 1), ("t", 2)]
     assert judge.topic_ids == {"t": "b"}
+    # One made again with fewer partitions: those past its count are left to vanish.
+    fewer = _judge(ids)
+    fewer.topic_ids["t"] = "a"
+    _seen_at(fewer, 4)
+    smaller = _view({("t", 0): 5}, {("t", 0): 0})
+    smaller = BrokerView({"t": 2}, smaller.listed, smaller.latest, {}, smaller.leader_epochs)
+    assert fewer.went_back(DATA, smaller) == [("t", 0), ("t", 1)]
     # Not started again yet (its earliest offset not answered): still found, next plan.
     later = _view({("t", p): 5 for p in range(3)}, {("t", p): 0 for p in range(3)})
     assert judge.went_back(DATA, later) == [("t", 0), ("t", 1), ("t", 2)]

@@ -65,7 +65,11 @@ class GoneBack:
         )
         went_back, recreated = self._went_back(positions, now)
         if recreated:  # every partition of a topic re-created, low yet or not
-            went_back = self._whole(recreated, went_back, data)
+            listed = {
+                t: {p: o for p, o in data[t].items() if int(p) < now.counts.get(t, 0)}
+                for t in recreated
+            }  # (those past the new topic's count vanish: PlannerBroker.vanished)
+            went_back = self._whole(recreated, went_back, listed)
         if went_back and self.options.fail_on_data_loss:
             # Named by one that answered (a re-created topic's others may not have yet).
             topic, number = next((k for k in went_back if k in now.latest), went_back[0])
