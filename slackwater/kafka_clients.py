@@ -128,8 +128,7 @@ def asked_by_name(
     (UNKNOWN_TOPIC_OR_PART); a request that failed leaves every topic with its error."""
     if not names:
         return {}
-    futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
-    concurrent.futures.wait(list(futures.values()), timeout=answer_wait_s(timeout_s))
+    futures = _described(admin, names, timeout_s)
     answers: dict[str, KafkaError | None] = {}
     for name, future in futures.items():
         if not future.done():
@@ -149,13 +148,22 @@ def topic_ids(admin: AdminClient, names: Collection[str], timeout_s: float) -> d
     or a request not answered in time, is left out."""
     if not names:
         return {}
-    futures = admin.describe_topics(TopicCollection(list(names)), request_timeout=timeout_s)
-    concurrent.futures.wait(list(futures.values()), timeout=answer_wait_s(timeout_s))
+    futures = _described(admin, names, timeout_s)
     ids: dict[str, str] = {}
     for name, future in futures.items():
         if future.done() and future.exception() is None:
             ids[name] = str(future.result().topic_id)
     return ids
+
+
+def _described(
+    admin: AdminClient, names: Collection[str], timeout_s: float
+) -> dict[str, concurrent.futures.Future[Any]]:
+    """One DescribeTopics for ``names``, its futures waited for as long as librdkafka may
+    take to answer (``answer_wait_s``); one still not done is the caller's to judge."""
+    futures = admin.describe_topics(TopicCollection(list(names)), request_timeout=timeout_s)
+    concurrent.futures.wait(list(futures.values()), timeout=answer_wait_s(timeout_s))
+    return futures
 
 
 def refresh_leaders(client: AdminClient | Consumer, timeout_s: float) -> None:
