@@ -175,6 +175,7 @@ DRIVERS_ROOMS = {
     "spark_consumer.source.gone_back",
     "spark_consumer.source.seen_in",
     "spark_consumer.source.restart_options",
+    "spark_consumer.source.run_ends",
 }
 # What Spark calls on a DataSourceStreamReader: the Spark-facing class has nothing else.
 SPARKS_CALLS = {
@@ -185,6 +186,7 @@ SPARKS_CALLS = {
     "commit",
     "stop",
     "getDefaultReadLimit",
+    "prepareForTriggerAvailableNow",  # SupportsTriggerAvailableNow
 }
 
 

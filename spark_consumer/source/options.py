@@ -3,6 +3,7 @@ both need, parsed once from the DataSource options."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -145,6 +146,9 @@ class SourceOptions:
     # more when they would hold more records each than max_records_per_task.
     tasks_per_batch: int = 8
     max_records_per_task: int = 200_000
+    # A bounded run (run_ends.py): "latest", or {topic: {partition: offset}} as JSON
+    # (-1: the log end at the run's start); None: unbounded.
+    ending_offsets: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -273,7 +277,43 @@ def _subscription_options(lowered: dict[str, str]) -> dict[str, Any]:
         "topic_pattern": pattern,
         "starting_offsets": starting,
         "max_offsets_per_trigger": int(max_per_trigger) if max_per_trigger else None,
+        "ending_offsets": _ending_offsets(lowered.get("endingoffsets")),
     }
+
+
+def _ending_offsets(text: str | None) -> str | None:
+    """``endingOffsets`` as Spark's Kafka source spells it: ``latest``, or a JSON object
+    of topics to partitions to offsets, -1 for the log end (a partition not named ends
+    at its log end too); kept as given, once checked."""
+    if text is None or not text.strip():
+        return None
+    if text.strip().lower() == "latest":
+        return "latest"
+    if ending_by_partition(text) is None:
+        raise SourceError(
+            "option 'endingOffsets' must be latest or a JSON object such as "
+            f'{{"orders":{{"0":23,"1":-1}}}} (offsets at least -1): {text[:200]!r}'
+        )
+    return text.strip()
+
+
+def ending_by_partition(text: str) -> dict[tuple[str, int], int] | None:
+    """The offsets a JSON ``endingOffsets`` names, by (topic, partition); None if it is
+    not one (``latest`` names none)."""
+    if text == "latest":
+        return {}
+    try:
+        parsed = json.loads(text)
+        named = {
+            (str(topic), int(partition)): offset
+            for topic, partitions in parsed.items()
+            for partition, offset in partitions.items()
+        }
+    except (ValueError, AttributeError, TypeError):
+        return None
+    if not all(type(o) is int and o >= -1 and p >= 0 for (_, p), o in named.items()):
+        return None
+    return named
 
 
 def _watermark_options(lowered: dict[str, str]) -> dict[str, Any]:

@@ -12,7 +12,12 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaException
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
@@ -35,12 +40,13 @@ from spark_consumer.source.plan import (
     unseen_channels,
 )
 from spark_consumer.source.progress_collector import ProgressCollector
+from spark_consumer.source.run_ends import RunEnds
 from spark_consumer.source.seen_in import kept_epochs
 from spark_consumer.source.splits import batch_tasks, options_for
 from spark_consumer.valve import MIN_WATERMARK
 
 
-class SlackwaterStreamReader(DataSourceStreamReader):
+class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The driver side of the source: Spark calls it in a Python process of its own, and
     ships it (its options alone) to the executors for ``read``.
 
@@ -85,6 +91,8 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         # what the offsets it plans keep of them.
         self._changes: restart_options.Changes | None = None
         self._planned_with = restart_options.planned_with(options)
+        # Where a run under availableNow, or a bounded one, ends (run_ends.py).
+        self.run = RunEnds(options)
 
     def __getstate__(self) -> dict[str, Any]:
         """Executors get the options only: Kafka clients stay with the planner."""
@@ -132,9 +140,11 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self.broker.unreachable(error)
             self._blind = True
             return start_json  # no batch while the broker is away; the query keeps running
+        now = self.run.bound(now, start)  # availableNow: nothing past the run's ends
         self.broker.authentication_failure()  # the broker answered: one before is history
         idle_clocks = self.options.consumer_idle_timeout_ms is not None
-        if nothing_new_since(start, now) and not (idle_clocks or changes.pending):
+        owed = idle_clocks or changes.pending or self.run.bounded  # plans with nothing new
+        if nothing_new_since(start, now) and not owed:
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
@@ -156,6 +166,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
         plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
         broker_partitions.drop_unsubscribed(plan, self.options, self.broker)
         broker_partitions.drop_vanished(plan, now, self.broker)
+        self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
         ends = data_ends(plan.data, now.latest, limit)
         offset = make_offset(
@@ -171,7 +182,7 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
             kafka=self.broker.seen.encode(),
-            planned_with=self._planned_with,
+            planned_with={**self._planned_with, **self.run.kept()},
         )
         if same_batch(start, offset):
             self._memory.keep(start, plan.aligner)  # still start's state
@@ -212,6 +223,9 @@ class SlackwaterStreamReader(DataSourceStreamReader):
             self.progress.close()
         finally:
             planner_process.end_if_asked()  # Spark's SIGTERM asked: the process ends here
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.run.prepare()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         if self.options.max_offsets_per_trigger is not None:

@@ -14,6 +14,8 @@ it, or kept from the checkpoint and logged; never the checkpoint's value in sile
     controlTopic            applied: the new one is read from its start
     progressTopic           refused: the last batch's progress is on the old one
     startingOffsets         kept from the checkpoint (a new query's option, as Spark's)
+    endingOffsets           added: applied (this run ends the query); changed or left out
+                            after a bounded run: refused (every record past its ends late)
 
 Every other option is applied as the query runs (source.md's table). The offset keeps
 what its batch was planned with (``planned_with``; maxOutOfOrderness and
@@ -62,6 +64,7 @@ def planned_with(options: SourceOptions) -> dict[str, Any]:
         "eventTimeField": options.event_time_field,
         "watermarkDelayMs": options.watermark_delay_ms,
         "startingOffsets": options.starting_offsets,
+        "endingOffsets": options.ending_offsets,
     }
 
 
@@ -84,6 +87,7 @@ def compare(offset: SourceOffset, options: SourceOptions) -> Changes:
     logged for each one changed, a ``SourceError`` for a change refused."""
     planned = offset.planned_with
     _refuse_another_progress_topic(planned, options)
+    _refuse_past_a_bounded_run(planned, options)
     lines = [*_aligner_lines(offset.aligner, options), *_planned_lines(planned, options)]
     for line in lines:
         log.warning("%s", line)
@@ -103,6 +107,21 @@ def _refuse_another_progress_topic(planned: dict[str, Any], options: SourceOptio
         f"option 'progressTopic' is {options.progress_topic!r}{named}, the checkpoint's "
         f"{was!r}: a restart cannot move it, as the last batch's progress is there; set "
         f"progressTopic to {was!r} to keep it, or start the query on a new checkpointLocation"
+    )
+
+
+def _refuse_past_a_bounded_run(planned: dict[str, Any], options: SourceOptions) -> None:
+    """A bounded run's checkpoint goes on only to the same ends: past them, Spark's
+    watermark (which never goes back) would make every record late."""
+    was = planned.get("endingOffsets")
+    if was is None or was == options.ending_offsets:
+        return
+    now = "left out" if options.ending_offsets is None else repr(options.ending_offsets)
+    raise SourceError(
+        f"option 'endingOffsets' is {now}, the checkpoint's {was!r}: this checkpoint is a "
+        "bounded run's, whose windows close at its ends (Spark's watermark never goes "
+        "back), so every record past them would be late; set endingOffsets to "
+        f"{was!r} to finish that run, or start the query on a new checkpointLocation"
     )
 
 
@@ -163,6 +182,9 @@ def _planned_lines(planned: dict[str, Any], options: SourceOptions) -> list[str]
     lines += _subscription_lines(planned, now)
     if "controlTopic" in changed:
         lines.append(_control_topic_line(planned["controlTopic"], options.control_topic))
+    if "endingOffsets" in changed:  # added: a change or removal was refused
+        what = "applied: this run reads to those ends, every partition FINISHED there"
+        lines.append(_line("endingOffsets", repr(options.ending_offsets), "none", what))
     if "startingOffsets" in changed:
         what = (
             "kept from the checkpoint (it applies to a new query alone, as in Spark's Kafka "

@@ -1,0 +1,300 @@
+"""Scheduled runs (issue 32): ``trigger(availableNow=True)`` on the source, and bounded
+runs (``endingOffsets``), on Apache Kafka. Each run's windows are checked against
+Spark's batch ``groupBy(window)`` over the topic's records read back with Spark's own
+Kafka reader: the windows the rules allow (docs/source.md, "Scheduled and bounded
+runs"), each written exactly once across runs on one checkpoint."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from slackwater.markers import MarkerStatus
+from spark_consumer.source import SourceError
+from tests.kafka_writer import BASE_MS, Writer
+from tests.source_harness import events
+
+WINDOW_S = 10
+OUT_OF_ORDERNESS_S = 1
+
+
+class ScheduledJob:
+    """A 10-second window count written to Spark's JSON file sink, run under
+    availableNow on one checkpoint, once per ``run``."""
+
+    def __init__(self, spark: SparkSession, bootstrap: str, topic: str, control: str, tmp: Path):
+        self.spark, self.bootstrap, self.topic, self.control = spark, bootstrap, topic, control
+        self.output = tmp / f"out-{uuid.uuid4().hex[:8]}"
+        self.checkpoint = tmp / f"checkpoint-{uuid.uuid4().hex[:8]}"
+
+    def run(self, **options: Any) -> list[dict[str, Any]]:
+        """One run to its end; the progress of each batch it ran."""
+        frame = events(
+            self.spark,
+            self.bootstrap,
+            [self.topic],
+            self.control,
+            max_out_of_orderness=f"{OUT_OF_ORDERNESS_S}s",
+            options={k: str(v) for k, v in options.items()},
+        )
+        counted = (
+            frame.filter(F.col("event_time").isNotNull())
+            .groupBy(F.window("event_time", f"{WINDOW_S} seconds"))
+            .count()
+        )
+        query = (
+            counted.writeStream.outputMode("append")
+            .format("json")
+            .option("path", str(self.output))
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        ended = query.awaitTermination(300)
+        assert ended, "the availableNow run did not end"
+        assert query.exception() is None, f"run failed: {query.exception()}"
+        return list(query.recentProgress)
+
+    def rows(self) -> list[tuple[int, int]]:
+        """Every (window start s, count) row written, in order: a window twice shows."""
+        if not self.output.exists():
+            return []
+        return sorted(
+            ((_iso_ms(row["window"]["start"]) - BASE_MS) // 1000, int(row["count"]))
+            for part in self.output.glob("part-*.json")
+            for row in map(json.loads, part.read_text().splitlines())
+        )
+
+
+def _iso_ms(iso: str) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def batch_windows(
+    spark: SparkSession, bootstrap: str, topic: str, closed_by_ms: int
+) -> list[tuple[int, int]]:
+    """Spark's batch aggregation of the topic's records, read back by Spark's own Kafka
+    reader: the (window start s, count) of every window that ends by ``closed_by_ms``."""
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    counted = records.groupBy(F.window("timestamp", f"{WINDOW_S} seconds")).count().collect()
+    return sorted(
+        ((int(row["window"]["start"].timestamp() * 1000) - BASE_MS) // 1000, int(row["count"]))
+        for row in counted
+        if int(row["window"]["end"].timestamp() * 1000) <= closed_by_ms
+    )
+
+
+@pytest.fixture
+def scheduled(
+    spark: SparkSession, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> tuple[ScheduledJob, Writer]:
+    topic, control = new_topic(partitions=3), new_topic(prefix="control")
+    return (
+        ScheduledJob(spark, broker.bootstrap_servers, topic, control, tmp_path),
+        Writer(broker.bootstrap_servers, topic, control),
+    )
+
+
+def _write_seconds(writer: Writer, seconds: range) -> None:
+    """Records at ``seconds``, dealt round the three partitions (each in order)."""
+    for second in seconds:
+        writer.data(second % 3, second)
+
+
+def _idle_all(writer: Writer) -> None:
+    for partition in range(3):
+        writer.marker(partition, MarkerStatus.IDLE)
+
+
+def _valve_when_all_idle(seconds: range) -> int:
+    """DESIGN §5 rule 2: with every channel IDLE, the output is the flush, the highest
+    channel watermark, a channel's being its newest event time less the bound."""
+    return BASE_MS + (max(seconds) - OUT_OF_ORDERNESS_S) * 1000
+
+
+def test_a_run_reads_to_the_ends_in_batches_of_max_offsets_per_trigger_and_emits_what_markers_allow(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    first = range(0, 150)
+    _write_seconds(writer, first)
+    _idle_all(writer)
+    progress = job.run(maxOffsetsPerTrigger=50)
+    read = [p["numInputRows"] for p in progress]
+    # 150 records in batches of at most 50 (+1: the synthetic row a batch may carry).
+    assert len([r for r in read if r > 1]) >= 3, read
+    assert max(read) <= 51, read
+    expected = batch_windows(
+        spark, broker.bootstrap_servers, job.topic, _valve_when_all_idle(first)
+    )
+    assert expected, "the reference has closed windows"
+    assert job.rows() == expected
+
+
+def test_the_next_run_on_the_checkpoint_goes_on_where_the_last_stopped(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 150))
+    _idle_all(writer)
+    job.run(maxOffsetsPerTrigger=50)
+    both = range(0, 300)
+    _write_seconds(writer, range(150, 300))
+    _idle_all(writer)
+    job.run(maxOffsetsPerTrigger=50)
+    expected = batch_windows(spark, broker.bootstrap_servers, job.topic, _valve_when_all_idle(both))
+    assert job.rows() == expected  # each window once: none twice, none skipped
+
+
+def test_a_partition_read_to_its_end_without_a_marker_holds_the_runs_windows(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 60))
+    writer.marker(0, MarkerStatus.IDLE)
+    writer.marker(1, MarkerStatus.IDLE)  # partition 2's newest record is at 59 s
+    job.run()
+    # The valve: the min over the ACTIVE channel, partition 2's 59 s less 1 s.
+    holds = BASE_MS + (59 - OUT_OF_ORDERNESS_S) * 1000
+    expected = batch_windows(spark, broker.bootstrap_servers, job.topic, holds)
+    assert job.rows() == expected
+    assert [start for start, _ in expected] == [0, 10, 20, 30, 40]
+
+
+def test_records_written_after_a_run_starts_wait_for_the_next_run(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 30))
+    _idle_all(writer)
+    frame = events(spark, broker.bootstrap_servers, [job.topic], job.control)
+    counted = (
+        frame.filter(F.col("event_time").isNotNull())
+        .groupBy(F.window("event_time", f"{WINDOW_S} seconds"))
+        .count()
+    )
+    written: list[tuple[int, int]] = []
+    runs = 0
+
+    def batch(rows: Any, batch_id: int) -> None:
+        for row in rows.collect():  # (collected: the batch's state stores commit)
+            start_ms = int(row["window"]["start"].timestamp() * 1000)
+            written.append(((start_ms - BASE_MS) // 1000, int(row["count"])))
+        if runs == 1 and batch_id == 0:  # while the run runs: records, markers at their ends
+            _write_seconds(writer, range(30, 90))
+            _idle_all(writer)
+
+    def run() -> list[Any]:
+        query = (
+            counted.writeStream.outputMode("append")
+            .foreachBatch(batch)
+            .option("checkpointLocation", str(job.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(300), "the run did not end"
+        assert query.exception() is None
+        return list(query.recentProgress)
+
+    runs = 1
+    first = run()
+    ends = json.loads(first[-1]["sources"][0]["endOffset"])["topics"][job.topic]["end"]
+    assert ends == [10, 10, 10]  # the ends seen when the run started: no further
+    assert sorted(written) == batch_windows(
+        spark, broker.bootstrap_servers, job.topic, _valve_when_all_idle(range(0, 30))
+    )
+    # The next run sees the ends when it starts: all of them, each window once.
+    runs = 2
+    run()
+    expected = batch_windows(
+        spark, broker.bootstrap_servers, job.topic, _valve_when_all_idle(range(0, 90))
+    )
+    assert expected[-1][0] == 70
+    assert sorted(written) == expected
+
+
+def test_a_bounded_run_emits_every_window_and_ends(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 95))  # no marker at all: FINISHED at the ends
+    job.run(endingOffsets="latest", maxOffsetsPerTrigger=40)
+    expected = batch_windows(spark, broker.bootstrap_servers, job.topic, 2**62)
+    assert [start for start, _ in expected] == list(range(0, 100, 10))
+    assert job.rows() == expected
+
+
+def test_a_bounded_checkpoint_runs_again_to_the_same_ends_and_refuses_to_go_past_them(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 40))
+    job.run(endingOffsets="latest")
+    once = job.rows()
+    _write_seconds(writer, range(40, 60))
+    job.run(endingOffsets="latest")  # the kept ends: nothing more, nothing twice
+    assert job.rows() == once
+    with pytest.raises(Exception, match="option 'endingOffsets' is left out"):
+        job.run()
+
+
+def test_ending_offsets_given_per_partition_end_there(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 30))  # 10 records per partition
+    job.run(endingOffsets=json.dumps({job.topic: {"0": 5, "1": -1}}))  # 2: not named, its end
+    read = sorted(s for s in range(0, 30) if (s % 3 == 0 and s // 3 < 5) or s % 3 in (1, 2))
+    assert sum(count for _, count in job.rows()) == len(read)
+    assert job.rows() == sorted(
+        (start, sum(1 for s in read if start <= s < start + WINDOW_S))
+        for start in range(0, 30, WINDOW_S)
+    )
+
+
+def test_ending_offsets_without_available_now_is_refused_in_one_line(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer], tmp_path: Path
+) -> None:
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 3))
+    frame = events(
+        spark,
+        broker.bootstrap_servers,
+        [job.topic],
+        job.control,
+        options={"endingOffsets": "latest"},
+    )
+    query = (
+        frame.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    with pytest.raises(Exception, match=r"start the query with trigger\(availableNow=True\)"):
+        query.awaitTermination(120)
+
+
+def test_an_unreadable_ending_offsets_is_named() -> None:
+    from spark_consumer.source.options import SourceOptions
+
+    base = {"kafka.bootstrap.servers": "localhost:1", "subscribe": "t"}
+    for wrong in ('{"t": {"0": -2}}', "[1]", "yesterday", '{"t": {"0": "5"}}'):
+        with pytest.raises(SourceError, match="option 'endingOffsets' must be latest"):
+            SourceOptions.parse({**base, "endingOffsets": wrong})
+    assert SourceOptions.parse({**base, "endingOffsets": " LATEST "}).ending_offsets == "latest"
