@@ -99,6 +99,14 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also run plain Spark (its Kafka source, withWatermark) into <output>-plain-spark",
     )
+    parser.add_argument(
+        "--backfill",
+        action="store_true",
+        default=None,
+        help="a one-off run that ends: reads every partition to its log end now, counts it "
+        "FINISHED there, writes every window and exits (a checkpoint it ran on stays a "
+        "backfill's; docs/consumer.md)",
+    )
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=port)
     add_kafka_arguments(parser)
@@ -146,7 +154,12 @@ def run_consume(args: argparse.Namespace) -> int:
         ).start()
     try:
         job = start(spark, config)
-        while not stop.is_set() and all(q.isActive for q in job.queries()):
+        # A backfill's queries end once they have read to their ends; until then, and a
+        # streaming job's for good, one that stops (it failed) stops the command.
+        running = any if config.backfill else all
+        while not stop.is_set() and running(q.isActive for q in job.queries()):
+            if any(not q.isActive and q.exception() is not None for q in job.queries()):
+                break
             stop.wait(0.5)
         for query in job.queries():
             failure = query.exception()

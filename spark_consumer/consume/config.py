@@ -59,6 +59,10 @@ class ConsumerConfig(KafkaSettings):
         MAX_EVENT_TIME_AHEAD_MS
     )
     compare: bool = False
+    # A one-off backfill that ends: every partition read to the log end seen at the start,
+    # FINISHED there, every window written (the source's endingOffsets=latest under
+    # trigger(availableNow=True)).
+    backfill: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=9465, ge=0, le=65535)
     # kafka_config, kafka_config_file: KafkaSettings'.

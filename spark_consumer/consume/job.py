@@ -139,6 +139,7 @@ def source_keywords(config: ConsumerConfig) -> StreamKeywords:
         "consumer_idle_timeout": None
         if config.consumer_idle_timeout_ms is None
         else f"{config.consumer_idle_timeout_ms}ms",
+        "ending_offsets": "latest" if config.backfill else None,
     }
 
 
@@ -208,7 +209,7 @@ def start(
         .option("path", config.output)
         .option("checkpointLocation", _child(config.checkpoint, "windows"))
         .queryName("slackwater_windows")
-        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .trigger(**_trigger(config))
         .start()
     )
     plain = (
@@ -253,9 +254,16 @@ def start_plain_spark(
         .option("path", plain_spark_output(config))
         .option("checkpointLocation", _child(config.checkpoint, "plain-spark"))
         .queryName("plain_spark")
-        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .trigger(**_trigger(config))
         .start()
     )
+
+
+def _trigger(config: ConsumerConfig) -> dict[str, Any]:
+    """A backfill runs under availableNow (and ends); the job otherwise every --trigger."""
+    if config.backfill:
+        return {"availableNow": True}
+    return {"processingTime": f"{config.trigger_ms} milliseconds"}
 
 
 def windows_emitted(progress: Any) -> int:

@@ -111,6 +111,7 @@ class StreamKeywords(TypedDict, total=False):
     fail_on_data_loss: bool | None  # failOnDataLoss
     max_event_time_ahead: str | None  # maxEventTimeAhead
     consumer_idle_timeout: str | None  # consumerIdleTimeout
+    ending_offsets: str | None  # endingOffsets: a bounded run (availableNow)
 
 
 def read_stream(
@@ -159,6 +160,7 @@ def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
         "failOnDataLoss": None if fail_on_data_loss is None else str(fail_on_data_loss).lower(),
         "maxEventTimeAhead": keywords.get("max_event_time_ahead"),
         "consumerIdleTimeout": keywords.get("consumer_idle_timeout"),
+        "endingOffsets": keywords.get("ending_offsets"),
     }
     given.update({name: value for name, value in optional.items() if value is not None})
     kafka_config = keywords.get("kafka_config") or {}
