@@ -50,8 +50,8 @@ def _kill_inside_a_batch(process: subprocess.Popen[bytes], checkpoint: Path, log
     (no commits/N), with every thread stopped while it looks; that batch."""
     deadline = time.monotonic() + 600  # a Spark start on a machine busy with other work
     while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before a batch was caught:\n" + (
-            log.read_text()[-3000:]
+        assert process.poll() is None, (
+            "the run ended before a batch was caught:\n" + (log.read_text()[-3000:])
         )
         if batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits"):
             with frozen(process) as stopped:
