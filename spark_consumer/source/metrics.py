@@ -171,6 +171,8 @@ _COUNTERS = {
     "end went below the read position (re-created topic), failOnDataLoss=false.",
     "partitions_deleted": "Partitions gone from the broker (topic deleted, or re-created with "
     "fewer partitions): they count as FINISHED.",
+    "partitions_ended": "Partitions a bounded run (endingOffsets) read to their ends: they "
+    "count as FINISHED.",
     "control_went_back": "Times the control topic ended before the query's position "
     "(re-created): read again from its start.",
     "partitions_after_finished": "Partitions that appeared after every partition had FINISHED "
