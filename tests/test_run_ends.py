@@ -32,11 +32,11 @@ def _options(**more: str) -> SourceOptions:
     return SourceOptions.parse({"kafka.bootstrap.servers": "localhost:1", "subscribe": "t", **more})
 
 
-def _start(data: dict[str, dict[str, int]] | None = None, **planned: object) -> SourceOffset:
+def _start(**planned: object) -> SourceOffset:
     aligner = MarkerAligner(None, 0, channel_of=lambda m: None)
     return SourceOffset(
-        data=data or {},
-        data_from=data or {},
+        data={},
+        data_from={},
         control={},
         progress={},
         watermark=0,
@@ -142,6 +142,8 @@ def test_a_bounded_run_finishes_each_partition_read_to_its_end() -> None:
     plan.data["t"]["1"] = 3
     run.finish_ended(plan)
     run.finish_ended(plan)  # once each
-    assert aligner.valve.status is WatermarkStatus.FINISHED
-    assert aligner.valve.watermark == MAX_WATERMARK
+    assert (aligner.valve.status, aligner.valve.watermark) == (
+        WatermarkStatus.FINISHED,
+        MAX_WATERMARK,
+    )
     assert plan.counters == {"partitions_ended": 2}

@@ -23,7 +23,7 @@ from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source import partitions as broker_partitions
 from spark_consumer.source import planner_process, restart_options
-from spark_consumer.source.broker import PlannerBroker
+from spark_consumer.source.broker import BrokerView, PlannerBroker
 from spark_consumer.source.control_reader import ControlReader
 from spark_consumer.source.offset import Offsets, SourceOffset
 from spark_consumer.source.options import SourceOptions, channel
@@ -134,13 +134,9 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         start = self._memory.decoded(start_json)
         changes = self._compared(start)
         self._remember(start, changes)
-        try:
-            now = self.broker.observe(start.data.keys())  # 1. look at the broker
-        except KafkaException as error:
-            self.broker.unreachable(error)
-            self._blind = True
+        now = self._observe(start)  # 1. look at the broker
+        if now is None:
             return start_json  # no batch while the broker is away; the query keeps running
-        now = self.run.bound(now, start)  # availableNow: nothing past the run's ends
         self.broker.authentication_failure()  # the broker answered: one before is history
         idle_clocks = self.options.consumer_idle_timeout_ms is not None
         owed = idle_clocks or changes.pending or self.run.bounded  # plans with nothing new
@@ -245,6 +241,22 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except KafkaException as error:
                 self.broker.unreachable(error)
                 time.sleep(1.0)
+
+    def _observe(self, start: SourceOffset) -> BrokerView | None:
+        """What the broker shows now (availableNow: up to the run's ends); None while it
+        is away. A run under availableNow waits for it, and for every partition's log
+        end, instead: a plan that returns its start ends the run, its records unread."""
+        while True:
+            try:
+                now = self.run.bound(self.broker.observe(start.data.keys()), start)
+                if not self.run.waits_for(now):
+                    return now
+            except KafkaException as error:
+                self.broker.unreachable(error)
+                self._blind = True
+                if not self.run.available_now:
+                    return None
+            time.sleep(1.0)
 
     def _remember(self, start: SourceOffset, changes: restart_options.Changes) -> None:
         """What the query before a restart knew of Kafka, at its first plan."""

@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import MarkerStatus
 from spark_consumer.source.broker import BrokerView
 from spark_consumer.source.offset import SourceOffset
@@ -38,6 +39,8 @@ from spark_consumer.source.options import (
 from spark_consumer.source.plan import Plan
 
 log = logging.getLogger("spark_consumer.source.planner").getChild("run_ends")
+# Said at most once every 30 s: the run asks every second.
+log_waiting = once_per_interval("spark_consumer.source.planner.run_ends.waiting")
 # A partition of a topic: (topic, partition).
 Key = tuple[str, int]
 # Where an offset keeps a bounded run's ends (in ``planned_with``).
@@ -147,6 +150,26 @@ class RunEnds:
             kept = start.planned_with.get(KEPT) if self.bounded else None
             self.ends = Ends.decode(kept) if kept is not None else Ends(counts=dict(now.counts))
         return self.ends.bound(now, self._given, set(start.data))
+
+    def waits_for(self, now: BrokerView) -> bool:
+        """Whether a run must ask again before it plans: a partition of the run whose
+        log end the broker did not give (its leader is down, or moving) would stand
+        still, and a run whose plan returns its start ends, that partition unread."""
+        if not self.available_now:
+            return False
+        missing = [
+            (t, p) for t, n in now.counts.items() for p in range(n) if (t, p) not in now.latest
+        ]
+        if missing:
+            said = ", ".join(f"{t}[{p}]" for t, p in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            log_waiting.warning(
+                "the run waits for the log end of %s%s (no leader answered): a run under "
+                "availableNow reads every partition to its end",
+                said,
+                more,
+            )
+        return bool(missing)
 
     def finish_ended(self, plan: Plan) -> None:
         """A bounded run: every partition read to its end counts as FINISHED."""
