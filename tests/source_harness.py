@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +120,79 @@ def late_output_rows(path: Path) -> list[dict[str, Any]]:
     import json
 
     return [json.loads(line) for f in sorted(path.glob("*.json")) for line in f.open()]
+
+
+WINDOW_S = 10
+OUT_OF_ORDERNESS_S = 1
+
+
+# The scheduled runs' job (tests/test_source_available_now.py, test_source_connect.py).
+
+
+class ScheduledJob:
+    """A 10-second window count written to Spark's JSON file sink, run under
+    availableNow on one checkpoint, once per ``run``."""
+
+    def __init__(self, spark: SparkSession, bootstrap: str, topic: str, control: str, tmp: Path):
+        self.spark, self.bootstrap, self.topic, self.control = spark, bootstrap, topic, control
+        self.output = tmp / f"out-{uuid.uuid4().hex[:8]}"
+        self.checkpoint = tmp / f"checkpoint-{uuid.uuid4().hex[:8]}"
+
+    def run(self, **options: Any) -> list[dict[str, Any]]:
+        """One run to its end; the progress of each batch it ran."""
+        frame = events(
+            self.spark,
+            self.bootstrap,
+            [self.topic],
+            self.control,
+            max_out_of_orderness=f"{OUT_OF_ORDERNESS_S}s",
+            options={k: str(v) for k, v in options.items()},
+        )
+        counted = (
+            frame.filter(F.col("event_time").isNotNull())
+            .groupBy(F.window("event_time", f"{WINDOW_S} seconds"))
+            .count()
+        )
+        query = (
+            counted.writeStream.outputMode("append")
+            .format("json")
+            .option("path", str(self.output))
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        ended = query.awaitTermination(300)
+        assert ended, "the availableNow run did not end"
+        assert query.exception() is None, f"run failed: {query.exception()}"
+        return list(query.recentProgress)
+
+    def rows(self) -> list[tuple[int, int]]:
+        """Every (window start s, count) row written, in order: a window twice shows."""
+        if not self.output.exists():
+            return []
+        return sorted(
+            ((iso_ms(row["window"]["start"]) - BASE_MS) // 1000, int(row["count"]))
+            for part in self.output.glob("part-*.json")
+            for row in map(json.loads, part.read_text().splitlines())
+        )
+
+
+def batch_windows(
+    spark: SparkSession, bootstrap: str, topic: str, closed_by_ms: int
+) -> list[tuple[int, int]]:
+    """Spark's batch aggregation of the topic's records, read back by Spark's own Kafka
+    reader: the (window start s, count) of every window that ends by ``closed_by_ms``."""
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    counted = records.groupBy(F.window("timestamp", f"{WINDOW_S} seconds")).count().collect()
+    return sorted(
+        ((int(row["window"]["start"].timestamp() * 1000) - BASE_MS) // 1000, int(row["count"]))
+        for row in counted
+        if int(row["window"]["end"].timestamp() * 1000) <= closed_by_ms
+    )

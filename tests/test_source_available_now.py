@@ -7,7 +7,6 @@ runs"), each written exactly once across runs on one checkpoint."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,85 +18,7 @@ from pyspark.sql import functions as F
 from slackwater.markers import MarkerStatus
 from spark_consumer.source import SourceError
 from tests.kafka_writer import BASE_MS, Writer
-from tests.source_harness import events
-
-WINDOW_S = 10
-OUT_OF_ORDERNESS_S = 1
-
-
-class ScheduledJob:
-    """A 10-second window count written to Spark's JSON file sink, run under
-    availableNow on one checkpoint, once per ``run``."""
-
-    def __init__(self, spark: SparkSession, bootstrap: str, topic: str, control: str, tmp: Path):
-        self.spark, self.bootstrap, self.topic, self.control = spark, bootstrap, topic, control
-        self.output = tmp / f"out-{uuid.uuid4().hex[:8]}"
-        self.checkpoint = tmp / f"checkpoint-{uuid.uuid4().hex[:8]}"
-
-    def run(self, **options: Any) -> list[dict[str, Any]]:
-        """One run to its end; the progress of each batch it ran."""
-        frame = events(
-            self.spark,
-            self.bootstrap,
-            [self.topic],
-            self.control,
-            max_out_of_orderness=f"{OUT_OF_ORDERNESS_S}s",
-            options={k: str(v) for k, v in options.items()},
-        )
-        counted = (
-            frame.filter(F.col("event_time").isNotNull())
-            .groupBy(F.window("event_time", f"{WINDOW_S} seconds"))
-            .count()
-        )
-        query = (
-            counted.writeStream.outputMode("append")
-            .format("json")
-            .option("path", str(self.output))
-            .option("checkpointLocation", str(self.checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        ended = query.awaitTermination(300)
-        assert ended, "the availableNow run did not end"
-        assert query.exception() is None, f"run failed: {query.exception()}"
-        return list(query.recentProgress)
-
-    def rows(self) -> list[tuple[int, int]]:
-        """Every (window start s, count) row written, in order: a window twice shows."""
-        if not self.output.exists():
-            return []
-        return sorted(
-            ((_iso_ms(row["window"]["start"]) - BASE_MS) // 1000, int(row["count"]))
-            for part in self.output.glob("part-*.json")
-            for row in map(json.loads, part.read_text().splitlines())
-        )
-
-
-def _iso_ms(iso: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def batch_windows(
-    spark: SparkSession, bootstrap: str, topic: str, closed_by_ms: int
-) -> list[tuple[int, int]]:
-    """Spark's batch aggregation of the topic's records, read back by Spark's own Kafka
-    reader: the (window start s, count) of every window that ends by ``closed_by_ms``."""
-    records = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .load()
-    )
-    counted = records.groupBy(F.window("timestamp", f"{WINDOW_S} seconds")).count().collect()
-    return sorted(
-        ((int(row["window"]["start"].timestamp() * 1000) - BASE_MS) // 1000, int(row["count"]))
-        for row in counted
-        if int(row["window"]["end"].timestamp() * 1000) <= closed_by_ms
-    )
+from tests.source_harness import OUT_OF_ORDERNESS_S, WINDOW_S, ScheduledJob, batch_windows, events
 
 
 @pytest.fixture
