@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tests.spark_checkpoint import batch_ids
+
 
 def wait_while_running(
     predicate: Callable[[], object],
@@ -69,3 +71,23 @@ def _stat_fields(stat: Path) -> list[str] | None:
         return stat.read_text().rpartition(")")[2].split()
     except OSError:
         return None
+
+
+def kill_inside_a_batch(process: subprocess.Popen[bytes], checkpoint: Path, log: Path) -> int:
+    """SIGKILLs the run (its process group) while a batch it planned (offsets/N under
+    ``checkpoint``) is not committed yet (no commits/N), every thread stopped while it
+    looks; returns that batch. Fails if the run ends first."""
+    deadline = time.monotonic() + 600  # a Spark start on a machine busy with other work
+    while time.monotonic() < deadline:
+        assert process.poll() is None, (
+            "the run ended before a batch was caught:\n" + (log.read_text()[-3000:])
+        )
+        if batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits"):
+            with frozen(process) as stopped:
+                in_flight = batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits")
+                if stopped and in_flight:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(30)
+                    return max(in_flight)
+        time.sleep(0.005)
+    raise AssertionError("no batch planned in 600 s")

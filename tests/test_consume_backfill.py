@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,9 +20,8 @@ from spark_consumer.consume.job import committed_rows
 from tests.conftest import TopicFactory
 from tests.factories import SLACKWATER
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import frozen
+from tests.process_harness import kill_inside_a_batch
 from tests.source_harness import iso_ms
-from tests.spark_checkpoint import batch_ids
 
 WINDOW_S = 5
 
@@ -43,25 +41,6 @@ def _backfill(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-
-
-def _kill_inside_a_batch(process: subprocess.Popen[bytes], checkpoint: Path, log: Path) -> int:
-    """SIGKILLs the run while a batch it planned (offsets/N) is not committed yet
-    (no commits/N), with every thread stopped while it looks; that batch."""
-    deadline = time.monotonic() + 600  # a Spark start on a machine busy with other work
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (
-            "the run ended before a batch was caught:\n" + (log.read_text()[-3000:])
-        )
-        if batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits"):
-            with frozen(process) as stopped:
-                in_flight = batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits")
-                if stopped and in_flight:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(30)
-                    return max(in_flight)
-        time.sleep(0.005)
-    raise AssertionError("no batch planned in 600 s")
 
 
 def _reference(
@@ -106,7 +85,7 @@ def test_a_backfill_writes_every_window_once_across_a_sigkill_and_ends(
     log = tmp_path / "consume.log"
     first = _backfill(bootstrap, topic, control, tmp_path, log, "--backfill")
     try:
-        _kill_inside_a_batch(first, tmp_path / "checkpoint" / "windows", log)
+        kill_inside_a_batch(first, tmp_path / "checkpoint" / "windows", log)
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ from slackwater.markers import MarkerStatus
 from spark_consumer.source.offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import frozen, wait_while_running
+from tests.process_harness import frozen, kill_inside_a_batch, wait_while_running
 from tests.spark_checkpoint import (
     batch_ids,
     next_watermark_ms,
@@ -423,3 +423,98 @@ def test_deduplicated_counts_drop_every_second_copy_and_forget_keys_past_the_win
         assert _state_rows(query, "dedupeWithinWatermark") == 0
     finally:
         query.stop()
+
+
+def _backfill_rows(spark: SparkSession, output: Path) -> list[tuple[int, int, int]]:
+    """(window start s, end s, records) of every row the file sink committed, in order:
+    a window written twice shows twice."""
+    if not (output / "_spark_metadata").exists():
+        return []
+    schema = "window_start timestamp, window_end timestamp, records long"
+    rows = spark.read.schema(schema).json(str(output)).collect()
+    return sorted(
+        (_seconds(r["window_start"]), _seconds(r["window_end"]), r["records"]) for r in rows
+    )
+
+
+def _run_backfill(log: Path, *arguments: str) -> str:
+    """One run of examples/backfill.py to its end; the line it printed last."""
+    process = _start("backfill.py", log, *arguments)
+    try:
+        assert process.wait(600) == 0, log.read_text()[-3000:]
+    finally:
+        _kill_group(process)
+    # (splitlines: Spark's progress bar ends in a carriage return, not a newline)
+    return [line for line in log.read_text().splitlines() if line.startswith("backfill:")][-1]
+
+
+def _iso(second: int) -> str:
+    """Spark's progress spelling of BASE_MS + ``second``."""
+    from datetime import UTC, datetime
+
+    stamp = datetime.fromtimestamp((BASE_MS + second * 1000) / 1000, UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def _backfill_records(
+    broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> tuple[Writer, tuple[str, ...]]:
+    """p0 and p1 busy (seconds 0-39), p2 quiet since second 5 (IDLE), p3 ended at second
+    7 (FINISHED); the example's arguments for them, 20 records a batch."""
+    topic, control = new_topic(partitions=4), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    for second in range(0, 40):
+        write.data(second % 2, second)
+    write.data(2, 2, 5)
+    write.marker(2, MarkerStatus.IDLE)
+    write.data(3, 1, 4, 7)
+    write.marker(3, FINISHED)
+    arguments = (
+        "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,
+        "--control-topic", control, "--output", str(tmp_path / "out"),
+        "--checkpoint", str(tmp_path / "ckpt"), "--max-offsets-per-trigger", "20",
+    )  # fmt: skip
+    return write, arguments
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)  # two Spark starts, on a machine busy with other work
+def test_backfill_runs_twice_on_one_checkpoint_each_window_once_quiet_partitions_not_waited_for(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """Two scheduled runs: p0 and p1 busy, p2 quiet since second 5 (IDLE), p3 ended at
+    second 7 (FINISHED). Each run writes the windows the busy partitions' newest records
+    close (their watermark less 1 s), none held by p2 or p3, and the next run the rest."""
+    write, arguments = _backfill_records(broker, new_topic, tmp_path)
+    output, log = tmp_path / "out", tmp_path / "backfill.log"
+    # The valve: min(p0's 38 s, p1's 39 s) - 1 s = 37 s; [30, 40) waits for the next run.
+    assert _run_backfill(log, *arguments) == (
+        f"backfill: the run wrote 3 windows; Spark's watermark is {_iso(37)}"
+    )
+    first = [(0, 10, 10 + 2 + 3), (10, 20, 10), (20, 30, 10)]
+    assert _backfill_rows(spark, output) == first
+    for second in range(40, 80):  # an hour later: more records, p2 and p3 still quiet
+        write.data(second % 2, second)
+    assert _run_backfill(log, *arguments) == (
+        f"backfill: the run wrote 4 windows; Spark's watermark is {_iso(77)}"
+    )
+    later = [(start, start + 10, 10) for start in range(30, 70, 10)]
+    assert _backfill_rows(spark, output) == first + later  # each window once
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)  # two Spark starts, on a machine busy with other work
+def test_backfill_killed_inside_a_batch_runs_again_to_the_same_windows_each_once(
+    spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """A run SIGKILLed while a batch it planned is not committed: the next run plays that
+    batch again, reads on to its own ends, and the output is what one run writes."""
+    _, arguments = _backfill_records(broker, new_topic, tmp_path)
+    output, log = tmp_path / "out", tmp_path / "backfill.log"
+    killed = _start("backfill.py", log, *arguments)
+    try:
+        kill_inside_a_batch(killed, tmp_path / "ckpt", log)
+    finally:
+        _kill_group(killed)
+    assert _run_backfill(log, *arguments).endswith(f"Spark's watermark is {_iso(37)}")
+    assert _backfill_rows(spark, output) == [(0, 10, 15), (10, 20, 10), (20, 30, 10)]
