@@ -20,8 +20,9 @@ from spark_consumer.consume.job import committed_rows
 from tests.conftest import TopicFactory
 from tests.factories import SLACKWATER
 from tests.kafka_writer import BASE_MS, Writer
-from tests.process_harness import kill_inside_a_batch
+from tests.process_harness import frozen, kill_inside_a_batch, wait_while_running
 from tests.source_harness import iso_ms
+from tests.spark_checkpoint import batch_ids
 
 WINDOW_S = 5
 
@@ -111,3 +112,35 @@ def test_a_backfill_writes_every_window_once_across_a_sigkill_and_ends(
     said = log.read_bytes()[before:].decode().strip().splitlines()
     refused = [line for line in said if line.startswith("slackwater consume:")]
     assert len(refused) == 1 and "option 'endingOffsets' is left out" in refused[0], said
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_backfill_stopped_before_it_ended_exits_1_saying_so(
+    broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """SIGTERM (a node drain) while a batch is in flight: a supervisor must not take the
+    backfill for done, so consume exits 1 with one line, not 0."""
+    topic, control = new_topic(partitions=1), new_topic(partitions=1, prefix="ctl")
+    write = Writer(broker.bootstrap_servers, topic, control)
+    write.data(0, *range(0, 10))
+    log = tmp_path / "consume.log"
+    process = _backfill(broker.bootstrap_servers, topic, control, tmp_path, log, "--backfill")
+    checkpoint = tmp_path / "checkpoint" / "windows"
+    try:
+        wait_while_running(
+            lambda: batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits"),
+            600,
+            "a batch in flight",
+            process,
+            log,
+        )
+        with frozen(process) as stopped:  # the run cannot end while the signal is sent
+            assert stopped
+            process.send_signal(signal.SIGTERM)  # the driver alone, as a supervisor does
+        assert process.wait(120) == 1, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    said = [line for line in log.read_text().splitlines() if line.startswith("slackwater")]
+    assert said[-1].startswith("slackwater consume: stopped before the backfill ended"), said

@@ -3,6 +3,8 @@ and of docs/source.md, "Scheduled and bounded runs"."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from spark_consumer.alignment import MarkerAligner
@@ -32,74 +34,94 @@ def _options(**more: str) -> SourceOptions:
     return SourceOptions.parse({"kafka.bootstrap.servers": "localhost:1", "subscribe": "t", **more})
 
 
-def _start(**planned: object) -> SourceOffset:
-    aligner = MarkerAligner(None, 0, channel_of=lambda m: None)
+def _start(
+    data: dict[str, dict[str, int]] | None = None,
+    *,
+    finished: tuple[str, ...] = (),
+    control: dict[str, int] | None = None,
+    watermarks: tuple[int, int] = (0, 0),
+    planned: Mapping[str, object] | None = None,
+) -> SourceOffset:
+    """A run's start: read positions, FINISHED channels, the watermark planned and the
+    one Spark applies, what the offset keeps."""
+    channels = [f"{t}:{p}" for t, partitions in (data or {}).items() for p in partitions]
+    aligner = MarkerAligner(None, 0, channels, channel_of=lambda m: None)
+    for name in finished:
+        aligner.finish(name)
     return SourceOffset(
-        data={},
-        data_from={},
-        control={},
+        data=data or {},
+        data_from=data or {},
+        control=control or {},
         progress={},
-        watermark=0,
-        late_threshold=0,
+        watermark=watermarks[0],
+        late_threshold=watermarks[1],
         status="ACTIVE",
         aligner=aligner.snapshot(),
-        planned_with=dict(planned),
+        planned_with=dict(planned or {}),
     )
 
 
-def test_a_run_sees_no_log_end_past_the_one_its_first_plan_saw() -> None:
-    ends = Ends(counts={"t": 2})
-    first = ends.bound(_view({("t", 0): 5, ("t", 1): 3}), {}, set())
-    assert first.latest == {("t", 0): 5, ("t", 1): 3}
-    later = ends.bound(_view({("t", 0): 9, ("t", 1): 7}), {}, set())
-    assert later.latest == {("t", 0): 5, ("t", 1): 3}
+def _ends(counts: dict[str, int], now: BrokerView, start: SourceOffset | None = None) -> Ends:
+    ends = Ends(counts=counts)
+    ends.see(now, {}, start or _start())
+    return ends
 
 
-def test_a_lower_log_end_is_seen_as_it_is() -> None:
-    """Kafka's evidence judges it (gone_back.py): the ceiling never raises an answer."""
-    ends = Ends(counts={"t": 1})
-    ends.bound(_view({("t", 0): 5}), {}, set())
-    assert ends.bound(_view({("t", 0): 2}), {}, set()).latest == {("t", 0): 2}
+def test_a_run_plans_no_log_end_past_the_first_it_sees() -> None:
+    ends = _ends({"t": 2}, _view({("t", 0): 5, ("t", 1): 3}))
+    assert ends.capped(_view({("t", 0): 5, ("t", 1): 3})).latest == {("t", 0): 5, ("t", 1): 3}
+    later = _view({("t", 0): 9, ("t", 1): 7})
+    ends.see(later, {}, _start())
+    assert ends.capped(later).latest == {("t", 0): 5, ("t", 1): 3}
 
 
-def test_a_partition_without_a_log_end_at_the_start_gets_its_end_when_first_seen() -> None:
-    ends = Ends(counts={"t": 2})
-    first = ends.bound(_view({("t", 0): 5}, counts={"t": 2}), {}, set())
-    assert first.latest == {("t", 0): 5}
-    assert first.counts == {"t": 2}
-    second = ends.bound(_view({("t", 0): 6, ("t", 1): 4}), {}, set())
-    assert second.latest == {("t", 0): 5, ("t", 1): 4}
-    assert ends.bound(_view({("t", 0): 6, ("t", 1): 8}), {}, set()).latest[("t", 1)] == 4
+def test_a_log_end_below_the_position_is_no_ceiling_and_is_planned_on_as_it_is() -> None:
+    """Kafka's evidence judges it (gone_back.py, on the raw view): a stale leader's low
+    answer at the run's start must not become its end (it would FINISH a bounded run's
+    partition with records unread), nor go back by the run's doing."""
+    start = _start({"t": {"0": 6}})
+    ends = _ends({"t": 1}, _view({("t", 0): 2}), start)
+    assert ends.data == {}
+    assert ends.capped(_view({("t", 0): 2})).latest == {("t", 0): 2}
+    ends.see(_view({("t", 0): 9}), {}, start)
+    assert ends.data == {("t", 0): 9}
+
+
+def test_a_partition_without_a_log_end_at_the_start_gets_its_ceiling_when_first_seen() -> None:
+    ends = _ends({"t": 2}, _view({("t", 0): 5}, counts={"t": 2}))
+    assert ends.data == {("t", 0): 5}
+    ends.see(_view({("t", 0): 6, ("t", 1): 4}), {}, _start())
+    ends.see(_view({("t", 0): 6, ("t", 1): 8}), {}, _start())
+    assert ends.data == {("t", 0): 5, ("t", 1): 4}
 
 
 def test_partitions_and_topics_that_appear_after_the_start_wait_for_the_next_run() -> None:
-    ends = Ends(counts={"t": 1})
-    seen = ends.bound(_view({("t", 0): 5, ("t", 1): 2, ("u", 0): 7}), {}, set())
-    assert seen.counts == {"t": 1}
-    assert seen.latest == {("t", 0): 5}
+    now = _view({("t", 0): 5, ("t", 1): 2, ("u", 0): 7})
+    seen = _ends({"t": 1}, now).capped(now)
+    assert (seen.counts, seen.latest) == ({"t": 1}, {("t", 0): 5})
 
 
-def test_a_topic_the_query_reads_is_taken_when_first_listed_never_vanished() -> None:
-    ends = Ends(counts={"t": 1})
-    seen = ends.bound(_view({("t", 0): 5, ("r", 0): 3}), {}, {"r"})
-    assert seen.counts == {"t": 1, "r": 1}
-    assert seen.latest == {("t", 0): 5, ("r", 0): 3}
+def test_a_topic_the_query_reads_is_taken_when_first_listed() -> None:
+    now = _view({("t", 0): 5, ("r", 0): 3})
+    ends = _ends({"t": 1}, now, _start({"r": {"0": 1}}))
+    assert ends.capped(now).counts == {"t": 1, "r": 1}
+    assert ends.data == {("t", 0): 5, ("r", 0): 3}
 
 
 def test_markers_written_after_the_start_wait_for_the_next_run() -> None:
-    ends = Ends(counts={})
-    assert ends.bound(_view({}, control={"0": 4}), {}, set()).control_ends == {"0": 4}
-    assert ends.bound(_view({}, control={"0": 9, "1": 2}), {}, set()).control_ends == {
-        "0": 4,
-        "1": 2,
-    }
+    ends = _ends({}, _view({}, control={"0": 4}))
+    later = _view({}, control={"0": 9, "1": 2})
+    ends.see(later, {}, _start())
+    assert ends.capped(later).control_ends == {"0": 4, "1": 2}
 
 
-def test_an_offset_given_ends_there_minus_one_and_past_the_log_end_end_at_the_log_end() -> None:
-    ends = Ends(counts={"t": 4})
-    given = {("t", 0): 3, ("t", 1): -1, ("t", 2): 50}
-    seen = ends.bound(_view({("t", 0): 10, ("t", 1): 10, ("t", 2): 10, ("t", 3): 10}), given, set())
-    assert seen.latest == {("t", 0): 3, ("t", 1): 10, ("t", 2): 10, ("t", 3): 10}
+def test_an_offset_given_ends_there_minus_one_at_the_log_end_and_never_past_it() -> None:
+    ends = Ends(counts={"t": 5})
+    given = {("t", 0): 3, ("t", 1): -1, ("t", 2): 50, ("t", 4): 1}
+    now = _view({("t", 0): 10, ("t", 1): 10, ("t", 2): 10, ("t", 3): 10, ("t", 4): 10})
+    ends.see(now, given, _start({"t": {"4": 4}}))
+    # t[4]: asked to 1, already read to 4: it ends where it is.
+    assert ends.data == {("t", 0): 3, ("t", 1): 10, ("t", 2): 10, ("t", 3): 10, ("t", 4): 4}
 
 
 def test_the_ends_kept_in_the_offset_read_back_the_same() -> None:
@@ -109,31 +131,60 @@ def test_the_ends_kept_in_the_offset_read_back_the_same() -> None:
         Ends.decode({"counts": {"t": "x"}})
 
 
-def test_without_available_now_a_run_sees_everything_and_a_bounded_one_is_refused() -> None:
+def test_without_available_now_a_plan_sees_everything_and_a_bounded_one_is_refused() -> None:
     view = _view({("t", 0): 5})
-    assert RunEnds(_options()).bound(view, _start()) is view
+    run = RunEnds(_options())
+    run.see(view, _start())
+    assert run.capped(view) is view
+    assert not run.owes_eviction(_start(watermarks=(9, 0)))
     with pytest.raises(SourceError, match=r"trigger\(availableNow=True\)"):
-        RunEnds(_options(endingOffsets="latest")).bound(view, _start())
+        RunEnds(_options(endingOffsets="latest")).see(view, _start())
 
 
 def test_each_run_takes_its_own_ends_but_a_bounded_one_the_kept_ones() -> None:
     run = RunEnds(_options())
     run.prepare()
-    assert run.bound(_view({("t", 0): 5}), _start()).latest == {("t", 0): 5}
+    run.see(_view({("t", 0): 5}), _start())
+    assert run.capped(_view({("t", 0): 7})).latest == {("t", 0): 5}
     run.prepare()  # the next run
-    assert run.bound(_view({("t", 0): 9}), _start()).latest == {("t", 0): 9}
+    run.see(_view({("t", 0): 9}), _start())
+    assert run.capped(_view({("t", 0): 9})).latest == {("t", 0): 9}
     assert run.kept() == {}  # an unbounded run keeps nothing
     bounded = RunEnds(_options(endingOffsets="latest"))
     bounded.prepare()
     kept = {"ends": {"counts": {"t": 1}, "data": {"t": {"0": 5}}, "control": {}}}
-    assert bounded.bound(_view({("t", 0): 9}), _start(**kept)).latest == {("t", 0): 5}
+    bounded.see(_view({("t", 0): 9}), _start(planned=kept))
+    assert bounded.capped(_view({("t", 0): 9})).latest == {("t", 0): 5}
     assert bounded.kept() == kept
+
+
+def test_a_watermark_spark_has_not_applied_yet_is_owed_one_more_batch() -> None:
+    run = RunEnds(_options())
+    run.prepare()
+    assert run.owes_eviction(_start(watermarks=(9, 5)))
+    assert not run.owes_eviction(_start(watermarks=(9, 9)))
+
+
+def test_a_run_owes_every_partition_below_its_ceiling_or_without_one_but_finished_ones() -> None:
+    run = RunEnds(_options())
+    run.prepare()
+    start = _start({"t": {"0": 5, "1": 0, "2": 0}}, finished=("t:2",))
+    # t[1] and t[2]: no leader answered; t[3]: listed, not joined yet (its earliest offset
+    # not answered); t[0] read to its end.
+    run.see(_view({("t", 0): 5}, counts={"t": 4}), start)
+    assert run.owes_records(start)
+    run.see(_view({("t", 0): 5, ("t", 1): 3}, counts={"t": 4}), start)
+    joined = _start({"t": {"0": 5, "1": 3, "2": 0, "3": 0}}, finished=("t:2",))
+    run.see(_view({("t", 0): 5, ("t", 1): 3, ("t", 3): 0}, counts={"t": 4}), joined)
+    assert not run.owes_records(joined)  # t[2] FINISHED: not waited for
+    below = _start({"t": {"0": 4, "1": 3, "2": 0, "3": 0}}, finished=("t:2",))
+    assert run.owes_records(below)  # t[0] is below its ceiling of 5
 
 
 def test_a_bounded_run_finishes_each_partition_read_to_its_end() -> None:
     run = RunEnds(_options(endingOffsets="latest"))
     run.prepare()
-    run.bound(_view({("t", 0): 5, ("t", 1): 3}), _start())
+    run.see(_view({("t", 0): 5, ("t", 1): 3}), _start())
     aligner = MarkerAligner(None, 0, ["t:0", "t:1"], channel_of=lambda m: None)
     plan = Plan(data={"t": {"0": 5, "1": 2}}, control={}, progress={}, aligner=aligner)
     run.finish_ended(plan)

@@ -19,6 +19,7 @@ from slackwater.markers import MarkerStatus
 from spark_consumer.source import SourceError
 from tests.kafka_writer import BASE_MS, Writer
 from tests.source_harness import OUT_OF_ORDERNESS_S, WINDOW_S, ScheduledJob, batch_windows, events
+from tests.spark_checkpoint import batch_ids, planned_batch
 
 
 @pytest.fixture
@@ -166,11 +167,14 @@ def test_a_bounded_checkpoint_runs_again_to_the_same_ends_and_refuses_to_go_past
 ) -> None:
     job, writer = scheduled
     _write_seconds(writer, range(0, 40))
-    job.run(endingOffsets="latest")
+    first = job.run(endingOffsets="latest")
     once = job.rows()
     _write_seconds(writer, range(40, 60))
-    job.run(endingOffsets="latest")  # the kept ends: nothing more, nothing twice
+    again = job.run(endingOffsets="latest")  # the kept ends: nothing more, nothing twice
     assert job.rows() == once
+    assert all(p["numInputRows"] == 0 for p in again), again  # nothing read, not dropped
+    ends = [json.loads(p["sources"][0]["endOffset"]) for p in (first[-1], *again)]
+    assert {json.dumps(e["topics"]) for e in ends} == {json.dumps(ends[0]["topics"])}
     with pytest.raises(Exception, match="option 'endingOffsets' is left out"):
         job.run()
 
@@ -219,3 +223,42 @@ def test_an_unreadable_ending_offsets_is_named() -> None:
         with pytest.raises(SourceError, match="option 'endingOffsets' must be latest"):
             SourceOptions.parse({**base, "endingOffsets": wrong})
     assert SourceOptions.parse({**base, "endingOffsets": " LATEST "}).ending_offsets == "latest"
+    # One spelling, so that a restart with the same offsets spelt otherwise is the same.
+    spelt = SourceOptions.parse({**base, "endingOffsets": '{ "t" : {"1": 4, "0": -1} }'})
+    assert spelt.ending_offsets == '{"t":{"0":-1,"1":4}}'
+    with pytest.raises(SourceError, match=r"names topic\(s\) orderz, which the query does not"):
+        SourceOptions.parse({**base, "endingOffsets": '{"orderz": {"0": 5}}'})
+
+
+def _forget_last_batch(job: ScheduledJob) -> int:
+    """The checkpoint and the sink as a run SIGKILLed before it planned its last batch
+    leaves them: offsets/N, commits/N, the sink's metadata log entry N and the files it
+    lists, gone. Returns N."""
+    last = max(batch_ids(job.checkpoint, "commits"))
+    entry = job.output / "_spark_metadata" / str(last)
+    for line in entry.read_text().splitlines()[1:]:  # "v1", then one file per line
+        Path(json.loads(line)["path"].removeprefix("file://")).unlink()
+    for folder in (job.checkpoint / "offsets", job.checkpoint / "commits", entry.parent):
+        for name in (str(last), f".{last}.crc"):  # (Hadoop's checksum beside each file)
+            (folder / name).unlink(missing_ok=True)
+    return last
+
+
+def test_a_run_killed_before_spark_applied_its_last_watermark_writes_those_windows_next(
+    spark: SparkSession, broker: Any, scheduled: tuple[ScheduledJob, Writer]
+) -> None:
+    """Spark owes a no-data batch for a watermark that moved only while the run that
+    moved it lives: a run killed right after the batch that planned it would leave the
+    windows it closes unwritten, a bounded run's for good (its checkpoint goes on to the
+    same ends alone). Each run's last batch applies the watermark its plan moved."""
+    job, writer = scheduled
+    _write_seconds(writer, range(0, 45))
+    job.run(endingOffsets="latest")
+    every = batch_windows(spark, broker.bootstrap_servers, job.topic, 2**62)
+    assert job.rows() == every
+    last = _forget_last_batch(job)
+    before = planned_batch(job.checkpoint, last - 1).slackwater_offset()
+    assert before["watermark"] > before["late_threshold"]  # planned, not applied yet
+    assert job.rows() != every  # that batch wrote the last windows
+    job.run(endingOffsets="latest")
+    assert job.rows() == every

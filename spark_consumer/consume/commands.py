@@ -167,6 +167,14 @@ def run_consume(args: argparse.Namespace) -> int:
                 line = without_secrets(failure_line(failure), config.kafka_config)
                 print(f"slackwater consume: the streaming query failed: {line}", file=sys.stderr)
                 return 1
+        if config.backfill and any(q.isActive for q in job.queries()):
+            # A supervisor (a Kubernetes Job) must not take a stopped backfill for done.
+            print(
+                "slackwater consume: stopped before the backfill ended; run it again with "
+                "--backfill to finish it (it goes on to the same ends)",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     finally:
         if job is not None:

@@ -37,10 +37,11 @@ class ControlReader:
         self._consumer: Any = None
         self._warned_missing = False
 
-    def read(self, plan: Plan, now: BrokerView) -> None:
+    def read(self, plan: Plan, now: BrokerView, ends: dict[str, int] | None = None) -> None:
         """Reads the control topic from the plan's position up to its log ends when the
-        plan looked at the broker (none: the topic does not exist)."""
-        ends = now.control_ends
+        plan looked at the broker (none: the topic does not exist), or up to ``ends``
+        (a run under availableNow: those it started with)."""
+        ends = now.control_ends if ends is None else ends
         topic = self.options.control_topic
         if topic is None:
             return

@@ -277,24 +277,39 @@ def _subscription_options(lowered: dict[str, str]) -> dict[str, Any]:
         "topic_pattern": pattern,
         "starting_offsets": starting,
         "max_offsets_per_trigger": int(max_per_trigger) if max_per_trigger else None,
-        "ending_offsets": _ending_offsets(lowered.get("endingoffsets")),
+        "ending_offsets": _ending_offsets(lowered.get("endingoffsets"), topics, pattern),
     }
 
 
-def _ending_offsets(text: str | None) -> str | None:
+def _ending_offsets(text: str | None, topics: tuple[str, ...], pattern: str | None) -> str | None:
     """``endingOffsets`` as Spark's Kafka source spells it: ``latest``, or a JSON object
     of topics to partitions to offsets, -1 for the log end (a partition not named ends
-    at its log end too); kept as given, once checked."""
+    at its log end too); kept in one spelling (a restart compares it), once checked. A
+    topic the query does not subscribe is refused: a misspelt name would otherwise end
+    that topic's partitions at their log ends, in silence."""
     if text is None or not text.strip():
         return None
     if text.strip().lower() == "latest":
         return "latest"
-    if ending_by_partition(text) is None:
+    named = ending_by_partition(text)
+    if named is None:
         raise SourceError(
             "option 'endingOffsets' must be latest or a JSON object such as "
             f'{{"orders":{{"0":23,"1":-1}}}} (offsets at least -1): {text[:200]!r}'
         )
-    return text.strip()
+    strangers = sorted(
+        {
+            t
+            for t, _ in named
+            if (t not in topics if pattern is None else not re.fullmatch(pattern, t))
+        }
+    )
+    if strangers:
+        raise SourceError(
+            f"option 'endingOffsets' names topic(s) {', '.join(strangers)}, which the query "
+            "does not subscribe"
+        )
+    return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
 
 
 def ending_by_partition(text: str) -> dict[tuple[str, int], int] | None:

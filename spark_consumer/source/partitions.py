@@ -25,7 +25,11 @@ log = logging.getLogger("spark_consumer.source.planner").getChild("partitions")
 
 
 def follow(
-    plan: Plan, now: BrokerView, batch: dict[Any, PartitionBatch], broker: PlannerBroker
+    plan: Plan,
+    now: BrokerView,
+    batch: dict[Any, PartitionBatch],
+    broker: PlannerBroker,
+    joining: dict[str, int] | None = None,
 ) -> None:
     """The plan's partitions made to match the broker's listing.
 
@@ -34,9 +38,13 @@ def follow(
     * Offsets that went back (the topic was re-created, or truncated): failOnDataLoss
       stops the query (``GoneBack.went_back`` raises), or the partition starts again at
       its earliest offset; its last batch no longer counts.
+
+    ``joining``: the partitions per topic that may join now (a run under availableNow:
+    those there when it started); the broker's listing otherwise.
     """
     went_back = broker.gone.went_back(plan.data, now)
-    listed = [(t, p) for t, count in now.counts.items() for p in range(count)]
+    counts = now.counts if joining is None else joining
+    listed = [(t, p) for t, count in counts.items() for p in range(count)]
     new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
     try:
         starts = broker.list_offsets(new + went_back, "earliest")

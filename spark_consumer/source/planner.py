@@ -131,6 +131,17 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._memory.returned(first)
 
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        # Returning the start is "no new data": under availableNow it ends the run, so
+        # while the run owes records (a partition's leader down) it asks again instead.
+        while True:
+            planned = self._plan(start_json, limit)
+            if planned is not start_json or not self.run.owes_records(
+                self._memory.decoded(start_json)
+            ):
+                return planned
+            time.sleep(1.0)
+
+    def _plan(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         start = self._memory.decoded(start_json)
         changes = self._compared(start)
         self._remember(start, changes)
@@ -138,9 +149,10 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if now is None:
             return start_json  # no batch while the broker is away; the query keeps running
         self.broker.authentication_failure()  # the broker answered: one before is history
+        self.run.see(now, start)  # availableNow: the run's ends (Kafka's evidence: ``now``)
         idle_clocks = self.options.consumer_idle_timeout_ms is not None
-        owed = idle_clocks or changes.pending or self.run.bounded  # plans with nothing new
-        if nothing_new_since(start, now) and not owed:
+        owed = idle_clocks or changes.pending or self.run.bounded or self.run.owes_eviction(start)
+        if nothing_new_since(start, self.run.capped(now)) and not owed:
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
@@ -148,10 +160,10 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # 3. Partitions that appeared join as channels (with the markers held for them),
         #    and partitions whose offsets went back follow failOnDataLoss: before the
         #    markers, so that a marker for a partition that just appeared applies now.
-        broker_partitions.follow(plan, now, batch, self.broker)
+        broker_partitions.follow(plan, now, batch, self.broker, self.run.capped(now).counts)
         self.control.release_held(plan)
         # 4. New markers are read up to the ends seen in step 1.
-        self.control.read(plan, now)
+        self.control.read(plan, now, self.run.capped(now).control_ends)
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
         #    counts wall time between plans that saw the broker, not for partitions
@@ -164,7 +176,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         broker_partitions.drop_vanished(plan, now, self.broker)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
-        ends = data_ends(plan.data, now.latest, limit)
+        ends = data_ends(plan.data, self.run.capped(now).latest, limit)
         offset = make_offset(
             plan,
             Watermarks(
@@ -180,7 +192,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kafka=self.broker.seen.encode(),
             planned_with={**self._planned_with, **self.run.kept()},
         )
-        if same_batch(start, offset):
+        if same_batch(start, offset) and not self.run.owes_eviction(start):
             self._memory.keep(start, plan.aligner)  # still start's state
             return start_json  # nothing new: no batch
         return self._memory.returned(offset, plan.aligner)
@@ -243,14 +255,12 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 time.sleep(1.0)
 
     def _observe(self, start: SourceOffset) -> BrokerView | None:
-        """What the broker shows now (availableNow: up to the run's ends); None while it
-        is away. A run under availableNow waits for it, and for every partition's log
-        end, instead: a plan that returns its start ends the run, its records unread."""
+        """What the broker shows now; None while it is away (no batch; the query keeps
+        running). A run under availableNow waits for it instead: returning its start
+        would end the run with its records unread."""
         while True:
             try:
-                now = self.run.bound(self.broker.observe(start.data.keys()), start)
-                if not self.run.waits_for(now):
-                    return now
+                return self.broker.observe(start.data.keys())
             except KafkaException as error:
                 self.broker.unreachable(error)
                 self._blind = True

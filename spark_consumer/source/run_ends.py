@@ -3,15 +3,25 @@
 Under ``trigger(availableNow=True)`` a run reads every subscribed partition to the log
 end seen when it starts, and no further: records written after, partitions and topics
 that appear after wait for the next run, and so do markers written after. Spark ends
-the run at the first plan that returns its start: no new data, and no batch owed to a
-watermark that moved. The valve's output for the last records is planned one plan
-after they are read (their progress comes back then), so a run ends like this::
+the run at the first plan that returns its start: no new data, and no no-data batch
+owed. The valve's output for the last records is planned one plan after they are read
+(their progress comes back then), and Spark applies a planned watermark one batch after
+the batch that carries it; so the run's last batch is one more synthetic row of the
+same watermark (``owes_eviction``), not Spark's no-data batch, which Spark owes only
+while the run that moved the watermark lives::
 
-    plan   1 ........ k            k+1                  k+2           k+3
-    reads  records to the ends     nothing              nothing       -
-    plans  V from what was read    V from the last      (Spark's own  start again:
-           before                  records + markers    no-data batch) the run ends
-    Spark  windows up to V(k-1)    windows up to V(k)   evicts to V(k+1)
+    plan   1 ........ k            k+1                  k+2               k+3
+    reads  records to the ends     nothing              nothing           -
+    plans  V from what was read    V(k+1) from the      V(k+1) again      its start:
+           before                  last records         (owes_eviction)   the run ends
+    Spark  windows up to V(k-1)    windows up to V(k)   windows up to V(k+1)
+
+Each partition's ceiling is the first log end the run sees at or past its read
+position: a lower answer is Kafka's evidence's to judge (gone_back.py, on the plan's
+own view of the broker), never an end. A plan that would return its start while a
+partition of the run is below its ceiling, or has none yet (no leader answered), asks
+again instead (``owes_records``): the others are read meanwhile, and the run does not
+end with a partition unread.
 
 A bounded run (option ``endingOffsets``) reads to the ends given, or to the log ends
 seen when its first run started (``latest``), and counts every partition FINISHED once
@@ -49,28 +59,40 @@ KEPT = "ends"
 
 @dataclass
 class Ends:
-    """The ends of one run: each partition's log end, fixed the first time the run sees
-    it; the partitions of each topic there were when it started; the control topic's
-    ends likewise."""
+    """The ends of one run: the partitions of each topic there were when it started;
+    each partition's ceiling, fixed by the first log end the run sees at or past its
+    read position; the control topic's likewise."""
 
     counts: dict[str, int]
     data: dict[Key, int] = field(default_factory=dict)
     control: dict[str, int] = field(default_factory=dict)
 
-    def bound(self, now: BrokerView, given: dict[Key, int], read: set[str]) -> BrokerView:
-        """``now`` as this run sees it: nothing past its ends (``given``: offsets asked
-        for, taken up to the log end). A topic the query reads (``read``) that the run's
-        first look did not list is taken as first listed: it never vanishes for that."""
-        for topic in read.intersection(now.counts).difference(self.counts):
+    def within(self, key: Key) -> bool:
+        return key[0] in self.counts and key[1] < self.counts[key[0]]
+
+    def see(self, now: BrokerView, given: dict[Key, int], start: SourceOffset) -> None:
+        """Fixes the ceilings ``now`` shows for the first time (``given``: offsets asked
+        for). A log end below the read position fixes nothing: it is Kafka's evidence's
+        to judge (a stale leader's, or gone back), never an end. A topic the query
+        reads that the run's first look did not list is taken when it is listed."""
+        for topic in set(start.data).intersection(now.counts).difference(self.counts):
             self.counts[topic] = now.counts[topic]
         for key, end in now.latest.items():
-            if key[0] in self.counts and key[1] < self.counts[key[0]]:
-                self.data.setdefault(key, _given_end(key, end, given))
+            position = start.data.get(key[0], {}).get(str(key[1]))
+            if key in self.data or not self.within(key) or end < (position or 0):
+                continue
+            ceiling = _given_end(key, end, given)
+            self.data[key] = ceiling if position is None else max(position, ceiling)
         for partition, end in now.control_ends.items():
-            self.control.setdefault(partition, end)
+            if partition not in self.control and end >= start.control.get(partition, 0):
+                self.control[partition] = end
+
+    def capped(self, now: BrokerView) -> BrokerView:
+        """``now`` as this run plans on it: nothing past its ceilings, no partition or
+        topic that appeared after it started. (Kafka's evidence judges ``now`` itself.)"""
         counts = {t: min(n, self.counts[t]) for t, n in now.counts.items() if t in self.counts}
-        latest = {k: min(e, self.data[k]) for k, e in now.latest.items() if k in self.data}
-        control = {p: min(e, self.control[p]) for p, e in now.control_ends.items()}
+        latest = {k: min(e, self.data.get(k, e)) for k, e in now.latest.items() if self.within(k)}
+        control = {p: min(e, self.control.get(p, e)) for p, e in now.control_ends.items()}
         return replace(now, counts=counts, latest=latest, control_ends=control)
 
     def encode(self) -> dict[str, Any]:
@@ -117,7 +139,7 @@ def _given_end(key: Key, log_end: int, given: dict[Key, int]) -> int:
 
 class RunEnds:
     """The run's ends, once Spark says it runs under availableNow
-    (``prepareForTriggerAvailableNow``); a plan bounds what it sees by them."""
+    (``prepareForTriggerAvailableNow``); a plan bounds what it plans by them."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -126,6 +148,8 @@ class RunEnds:
         self._given = (
             ending_by_partition(options.ending_offsets) or {} if options.ending_offsets else {}
         )
+        # What the last plan saw of the broker (owes_records).
+        self._now: BrokerView | None = None
 
     @property
     def bounded(self) -> bool:
@@ -133,11 +157,11 @@ class RunEnds:
 
     def prepare(self) -> None:
         """Spark runs this query under availableNow: the ends are the first plan's."""
-        self.available_now, self.ends = True, None
+        self.available_now, self.ends, self._now = True, None, None
 
-    def bound(self, now: BrokerView, start: SourceOffset) -> BrokerView:
-        """What the plan may see of ``now``: all of it, but under availableNow nothing
-        past the run's ends (a bounded run: the ends its first run fixed)."""
+    def see(self, now: BrokerView, start: SourceOffset) -> None:
+        """Fixes the run's ends from what the plan sees (a bounded run: from its first
+        run's, kept in the offset)."""
         if not self.available_now:
             if self.bounded:
                 raise SourceError(
@@ -145,31 +169,58 @@ class RunEnds:
                     "trigger(availableNow=True) (under another trigger it would never end), "
                     "or leave endingOffsets out"
                 )
-            return now
+            return
         if self.ends is None:
             kept = start.planned_with.get(KEPT) if self.bounded else None
             self.ends = Ends.decode(kept) if kept is not None else Ends(counts=dict(now.counts))
-        return self.ends.bound(now, self._given, set(start.data))
+            if kept is not None and start.status == "FINISHED":
+                log.warning(
+                    "this checkpoint's bounded run (endingOffsets %s) has ended: every "
+                    "partition is FINISHED at its end and every window is written, so this "
+                    "run reads nothing; a new backfill needs a new checkpointLocation",
+                    self.options.ending_offsets,
+                )
+        self.ends.see(now, self._given, start)
+        self._now = now
 
-    def waits_for(self, now: BrokerView) -> bool:
-        """Whether a run must ask again before it plans: a partition of the run whose
-        log end the broker did not give (its leader is down, or moving) would stand
-        still, and a run whose plan returns its start ends, that partition unread."""
-        if not self.available_now:
+    def capped(self, now: BrokerView) -> BrokerView:
+        """What the plan may plan on: all of ``now``, but under availableNow nothing
+        past the run's ends."""
+        return self.ends.capped(now) if self.available_now and self.ends is not None else now
+
+    def owes_eviction(self, start: SourceOffset) -> bool:
+        """Under availableNow, a batch whose watermark Spark has not applied yet (the
+        last one moved it) is followed by one more, its synthetic row alone: Spark owes
+        a no-data batch for it only while the run that ran it lives, and a run killed
+        in between would never write the windows it closes (a bounded run's: never)."""
+        return self.available_now and start.watermark > start.late_threshold
+
+    def owes_records(self, start: SourceOffset) -> bool:
+        """Whether a plan that returns ``start`` must not end the run: a partition of
+        the run not FINISHED is below its ceiling, has none yet (its log end not
+        answered, or only below its position), or is listed but not joined yet."""
+        if not self.available_now or self.ends is None or self._now is None:
             return False
-        missing = [
-            (t, p) for t, n in now.counts.items() for p in range(n) if (t, p) not in now.latest
-        ]
-        if missing:
-            said = ", ".join(f"{t}[{p}]" for t, p in missing[:5])
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        statuses, listed, owed = start.statuses(), self._now.counts, []
+        for topic, count in self.ends.counts.items():
+            for partition in range(count):
+                if statuses.get(channel(topic, partition)) == "FINISHED":
+                    continue
+                position = start.data.get(topic, {}).get(str(partition))
+                ceiling = self.ends.data.get((topic, partition))
+                if position is None:
+                    if partition < listed.get(topic, 0):
+                        owed.append((topic, partition))
+                elif ceiling is None or position < ceiling:
+                    owed.append((topic, partition))
+        if owed:
             log_waiting.warning(
-                "the run waits for the log end of %s%s (no leader answered): a run under "
-                "availableNow reads every partition to its end",
-                said,
-                more,
+                "the run waits for %s (its log end not answered, or below its position): "
+                "a run under availableNow reads every partition to its end",
+                ", ".join(f"{t}[{p}]" for t, p in owed[:5])
+                + (f" and {len(owed) - 5} more" if len(owed) > 5 else ""),
             )
-        return bool(missing)
+        return bool(owed)
 
     def finish_ended(self, plan: Plan) -> None:
         """A bounded run: every partition read to its end counts as FINISHED."""
