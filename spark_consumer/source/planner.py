@@ -60,6 +60,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
           5. align                       aligner.advance: progress and markers into the valve;
                                          partitions.drop_vanished: deleted ones FINISH
           6. make the offset             plan.make_offset: data ends, the valve's watermark
+        (availableNow: the plan sees up to the run's ends, run_ends.py; a start returned
+         while the run owes records is planned again)
         partitions(start, end)           splits.batch_tasks: reader tasks, synthetic row
         read(partition)                  readers.read, on an executor
         commit(end)                      nothing: offsets live in Spark's checkpoint
