@@ -13,6 +13,14 @@ and, for each source in turn, a query on it into the no-op sink (200 ms trigger,
 all (``--records``, spread evenly over the partitions: 1,650 is 5.5 per partition at 300)
 are written, and the clock runs until the query's progress reports a batch whose end
 offsets hold them all. Median of ``--rounds``.
+
+Planning beside Spark's (issue 33): the same rounds' progress reports give each
+source's ``latestOffset`` and whole-trigger (``triggerExecution``) milliseconds, median
+over the batches with records. ``--idle-triggers N`` then measures ``latestOffset``
+alone on N triggers with no new records (Spark reports each: the session sets
+``spark.sql.streaming.noDataProgressEventInterval`` to 0), which is what a source that
+cannot finish a batch at 10,000 partitions can still be measured by
+(``--idle-only``: those alone, no rounds).
 """
 
 from __future__ import annotations
@@ -74,13 +82,14 @@ class Topic:
         }
 
 
-def _round(query: Any, topic: Topic, records: int) -> float:
-    """Writes one round and returns the seconds until a batch holding it committed."""
+def _round(query: Any, topic: Topic, records: int, seen: dict[str, Any]) -> float:
+    """Writes one round and returns the seconds until a batch holding it committed;
+    every progress report seen meanwhile goes into ``seen``, by its time."""
     wanted = topic.write(records)
     started = time.perf_counter()
     deadline = started + 600
     while time.perf_counter() < deadline:
-        progress = query.lastProgress
+        progress = _look(query, seen)
         if progress is not None and all(
             _ends_of(progress, name) == ends for name, ends in wanted.items()
         ):
@@ -89,7 +98,40 @@ def _round(query: Any, topic: Topic, records: int) -> float:
     raise TimeoutError(f"no batch reached the ends of {topic.names} in 600 s")
 
 
-def measure(load: Callable[[], DataFrame], topic: Topic, records: int, rounds: int) -> float:
+def _look(query: Any, seen: dict[str, Any]) -> Any:
+    """The query's last progress, kept in ``seen`` (``recentProgress`` would bring every
+    report over py4j at every look: megabytes of offsets at 10,000 partitions)."""
+    progress = query.lastProgress
+    if progress is not None:
+        seen.setdefault(progress["timestamp"], progress)
+    return progress
+
+
+@dataclass
+class Measured:
+    """One source's numbers at one size (None: not measured)."""
+
+    round_s: float | None = None
+    latest_offset_ms: float | None = None  # median over batches with records
+    trigger_ms: float | None = None  # median triggerExecution over the same batches
+    idle_latest_offset_ms: float | None = None  # median over triggers with no records
+
+
+def _durations(progress: list[Any], key: str, *, with_records: bool) -> list[float]:
+    return [
+        float(p["durationMs"][key])
+        for p in progress
+        if key in p.get("durationMs", {}) and (p["numInputRows"] > 0) == with_records
+    ]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure(
+    load: Callable[[], DataFrame], topic: Topic, records: int, rounds: int, idle_triggers: int
+) -> Measured:
     query = (
         load()
         .writeStream.format("noop")
@@ -97,14 +139,41 @@ def measure(load: Callable[[], DataFrame], topic: Topic, records: int, rounds: i
         .trigger(processingTime=TRIGGER)
         .start()
     )
+    measured = Measured()
     try:
         while query.lastProgress is None:  # started, with its first offsets planned
             time.sleep(0.05)
-        _round(query, topic, records)  # warm-up, not counted
-        times = [_round(query, topic, records) for _ in range(rounds)]
+        if rounds:
+            _round(query, topic, records, {})  # warm-up, not counted
+            seen: dict[str, Any] = {}
+            measured.round_s = statistics.median(
+                [_round(query, topic, records, seen) for _ in range(rounds)]
+            )
+            progress = list(seen.values())
+            measured.latest_offset_ms = _median(
+                _durations(progress, "latestOffset", with_records=True)
+            )
+            measured.trigger_ms = _median(
+                _durations(progress, "triggerExecution", with_records=True)
+            )
+        if idle_triggers:
+            idle: dict[str, Any] = {}
+            _look(query, {})
+            deadline = time.monotonic() + 600
+            while len(idle) < idle_triggers + 1:  # (the first may be the last round's)
+                assert time.monotonic() < deadline, "idle triggers not reported in 600 s"
+                _look(query, idle)
+                time.sleep(0.02)
+            measured.idle_latest_offset_ms = _median(
+                _durations(list(idle.values())[1:], "latestOffset", with_records=False)
+            )
     finally:
         query.stop()
-    return statistics.median(times)
+    return measured
+
+
+def _cell(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def main() -> None:
@@ -112,13 +181,20 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", default=[30, 300, 1_000])
     parser.add_argument("--records", type=int, default=1_650)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--idle-triggers", type=int, default=0)
+    parser.add_argument("--idle-only", action="store_true", help="no rounds: idle triggers")
     parser.add_argument(
         "--without-spark",
         action="store_true",
         help="measure slackwater alone (Spark's source takes minutes a batch at 1,000)",
     )
     args = parser.parse_args()
-    print(f"{'partitions':>10} {'slackwater s':>13} {'Spark Kafka s':>14} {'ratio':>6}", flush=True)
+    rounds = 0 if args.idle_only else args.rounds
+    print(
+        "| partitions | source | round s | latestOffset ms | trigger ms | idle latestOffset ms |"
+        "\n|---:|---|---:|---:|---:|---:|",
+        flush=True,
+    )
     with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
         bootstrap = broker.bootstrap_servers
         # Read when the executor starts: set before the session's JVM is launched.
@@ -127,6 +203,8 @@ def main() -> None:
             f"--conf spark.kafka.consumer.cache.capacity={capacity} pyspark-shell"
         )
         spark: SparkSession = spark_session("slackwater-small-batches")
+        # Every trigger reported, also one with no new records (idle latestOffset).
+        spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
         admin = AdminClient({"bootstrap.servers": bootstrap})
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
         for partitions in args.partitions:
@@ -152,16 +230,15 @@ def main() -> None:
                     .load()
                 )
 
-            slackwater_s = measure(ours, written, args.records, args.rounds)
-            if args.without_spark:
-                print(f"{partitions:>10,} {slackwater_s:>13.2f}", flush=True)
-                continue
-            spark_s = measure(sparks, written, args.records, args.rounds)
-            print(
-                f"{partitions:>10,} {slackwater_s:>13.2f} {spark_s:>14.2f}"
-                f" {slackwater_s / spark_s:>6.2f}",
-                flush=True,
-            )
+            sources = [("slackwater", ours)] + ([] if args.without_spark else [("Spark", sparks)])
+            for name, load in sources:
+                got = measure(load, written, args.records, rounds, args.idle_triggers)
+                print(
+                    f"| {partitions:,} | {name} | {_cell(got.round_s, 2)} |"
+                    f" {_cell(got.latest_offset_ms)} | {_cell(got.trigger_ms)} |"
+                    f" {_cell(got.idle_latest_offset_ms)} |",
+                    flush=True,
+                )
         spark.stop()
 
 

@@ -2,6 +2,7 @@
 batch, by partitions: the Kafka requests included.
 
     .venv/bin/python -m bench.source_planning_kafka_bench [--partitions 1000 10000]
+        [--request-partitions 250 100000]
 
 Topics of 1,000 partitions each on the launcher's single-node Kafka. Each round
 writes one record to every partition, then what the readers of the previous batch
@@ -10,6 +11,9 @@ simulated here, since the reader tasks are Spark's part), then times one
 ``latestOffset``: the metadata request and ListOffsets round, the wait for and the read
 of every range's progress, the markers, the valve, the offset's JSON. The first round
 (no previous batch, nothing to wait for) is not counted. Median and max of --rounds.
+Each size is measured once per ``--request-partitions``, the partitions per ListOffsets
+request (``broker.REQUEST_PARTITIONS``; 100000: one request for all), in one run, so
+that their ratio holds on a machine busy with other work.
 
 Also the offset's size as Spark logs it (pyspark's ``json.dumps`` of it), per partition,
 beside what Spark's own Kafka source logs for the same end offsets: its
@@ -29,6 +33,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
+from spark_consumer.source import broker as planner_broker
 from spark_consumer.source.offset import SourceOffset
 from spark_consumer.source.options import SourceOptions
 from spark_consumer.source.planner import SlackwaterStreamReader
@@ -112,22 +117,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, nargs="+", default=[1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--request-partitions", type=int, nargs="+", default=[planner_broker.REQUEST_PARTITIONS]
+    )
     args = parser.parse_args()
     print(
-        f"{'partitions':>10} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}"
+        f"{'partitions':>10} {'per request':>11} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}"
         f" {'B/partition':>12} {'Spark Kafka B/p':>16} {'ratio':>6}",
         flush=True,
     )
     with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
         for partitions in args.partitions:
-            median_ms, max_ms, size, sparks = measure(
-                broker.bootstrap_servers, partitions, args.rounds
-            )
-            print(
-                f"{partitions:>10,} {median_ms:>10.1f} {max_ms:>8.1f} {size / 1024:>11.0f}"
-                f" {size / partitions:>12.1f} {sparks / partitions:>16.1f} {size / sparks:>6.2f}",
-                flush=True,
-            )
+            for per_request in args.request_partitions:
+                planner_broker.REQUEST_PARTITIONS = per_request
+                median_ms, max_ms, size, sparks = measure(
+                    broker.bootstrap_servers, partitions, args.rounds
+                )
+                print(
+                    f"{partitions:>10,} {per_request:>11,} {median_ms:>10.1f} {max_ms:>8.1f}"
+                    f" {size / 1024:>11.0f}"
+                    f" {size / partitions:>12.1f} {sparks / partitions:>16.1f}"
+                    f" {size / sparks:>6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -970,3 +970,29 @@ def _step_until(driven: Driven, done: Any, what: str) -> list[dict[str, Any]]:
 
     wait_until(stepped, 60, what)
     return rows
+
+
+def test_log_ends_asked_in_several_requests_are_each_partitions_own(
+    broker: KafkaBroker, new_topic: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListOffsets go out REQUEST_PARTITIONS at a time (issue 33): every partition's log
+    end, leader epoch and gone-back judgment is its own, whichever request asked it."""
+    from spark_consumer.source import broker as planner_broker
+
+    monkeypatch.setattr(planner_broker, "REQUEST_PARTITIONS", 2)
+    topic = new_topic(partitions=5)
+    write = Writer(broker.bootstrap_servers, topic, new_topic(prefix="ctl"))
+    for partition in range(5):
+        write.data(partition, *range(partition + 1))
+    driven = Driven.start(options(broker.bootstrap_servers, topic, None))
+    try:
+        rows = driven.step()
+        assert SourceOffset.decode(driven.offset).data == {topic: {str(p): p + 1 for p in range(5)}}
+        assert sorted(r["partition"] for r in real(rows)) == [
+            p for p in range(5) for _ in range(p + 1)
+        ]
+        built = driven.reader.broker._built["latest"][1]
+        assert [len(r.partitions) for r in built] == [2, 2, 1]  # three requests
+        assert set(driven.reader.broker.seen.leader_epochs) == {(topic, p) for p in range(5)}
+    finally:
+        driven.stop()

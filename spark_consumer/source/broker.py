@@ -22,6 +22,7 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
+from slackwater.list_offsets import Request as OffsetsRequest
 from spark_consumer.source.gone_back import GoneBack
 from spark_consumer.source.offset import Offsets
 from spark_consumer.source.options import PLANNER, SOURCE_CLIENT, SourceError, SourceOptions
@@ -36,6 +37,10 @@ log_refused = once_per_interval("spark_consumer.source.planner.refused")
 log_unreachable = once_per_interval("spark_consumer.source.planner.connection")
 # A partition of a topic: (topic, partition).
 Key = tuple[str, int]
+# ListOffsets go out in requests of this many partitions, all submitted before any is
+# awaited: librdkafka's CPU per partition grows with the size of one request (the
+# emitter's measure, emitter/observer.py; the planner's, docs/performance.md, issue 33).
+REQUEST_PARTITIONS = 250
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class PlannerBroker:
         self.topic_ids = self.gone.topic_ids
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
+        # The ListOffsets requests last built, by spec: (partitions, requests).
+        self._built: dict[str, tuple[tuple[Key, ...], list[OffsetsRequest]]] = {}
 
     def client(self, role: str) -> str:
         """The name of this planner's client ``role``: admin, control or progress."""
@@ -236,6 +243,20 @@ class PlannerBroker:
             name = reason.name() if isinstance(reason, KafkaError) else str(error)
             return Answers(), dict.fromkeys(partitions, name)
 
+    def _requests(self, partitions: list[Key], spec_name: str) -> list[OffsetsRequest]:
+        """The requests of ``partitions``, REQUEST_PARTITIONS each, built once for as long
+        as the partitions asked stay the same (every plan asks the same log ends)."""
+        asked = tuple(partitions)
+        built = self._built.get(spec_name)
+        if built is None or built[0] != asked:
+            spec = getattr(OffsetSpec, spec_name)()
+            requests = [
+                OffsetsRequest(asked[i : i + REQUEST_PARTITIONS], spec)
+                for i in range(0, len(asked), REQUEST_PARTITIONS)
+            ]
+            built = self._built[spec_name] = (asked, requests)
+        return built[1]
+
     def _list_offsets_once(
         self, partitions: list[Key], spec_name: str
     ) -> tuple[Answers, dict[Key, str]]:
@@ -246,17 +267,18 @@ class PlannerBroker:
             if self.options.read_committed
             else IsolationLevel.READ_UNCOMMITTED
         )
-        answers = kafka_clients.answer(
+        pending = [
             list_offsets.submit(
-                self.admin,
-                list_offsets.Request(partitions, getattr(OffsetSpec, spec_name)()),
-                timeout_s=self._timeout_s,
-                isolation_level=isolation,
-            ),
-            self._timeout_s,
-        )
+                self.admin, request, timeout_s=self._timeout_s, isolation_level=isolation
+            )
+            for request in self._requests(partitions, spec_name)
+        ]
+        answers: dict[Key, Any] = {}
         offsets = Answers()
-        offsets.leader_epochs = answers.leader_epochs
+        for future in pending:
+            answered = kafka_clients.answer(future, self._timeout_s)
+            answers.update(answered)
+            offsets.leader_epochs.update(getattr(answered, "leader_epochs", {}))
         not_ready: dict[Key, str] = {}
         for (topic, partition), answer in answers.items():
             if isinstance(answer, KafkaError):
