@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.topics import create_led
+from bench.topics import create_led, produce_waiting
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.consume.job import spark_session
@@ -77,18 +77,14 @@ def produce(bootstrap: str, topic: str, minutes: int, rate: int) -> dict[int, in
     plan[FINISHED] = event_times(rate, FINISHED_UNTIL_S)
     for partition, times in plan.items():
         for index, event_ms in enumerate(times):
-            while True:
-                try:
-                    producer.produce(
-                        topic,
-                        key=b"k%d" % (index % 10),
-                        value=b"{}",
-                        partition=partition,
-                        timestamp=event_ms,
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_waiting(
+                producer,
+                topic,
+                key=b"k%d" % (index % 10),
+                value=b"{}",
+                partition=partition,
+                timestamp=event_ms,
+            )
         producer.poll(0)
     assert producer.flush(120) == 0, "records left unsent"
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "backfill-bench"})

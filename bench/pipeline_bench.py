@@ -39,6 +39,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
+from bench.topics import produce_waiting
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume.config import ConsumerConfig
 from spark_consumer.consume.job import spark_session, start
@@ -60,18 +61,14 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
     for index in range(per_partition - 1):
         event_ms = BASE_MS + index * 10 - (500 if index % 7 == 0 else 0)
         for partition in range(partitions):
-            while True:
-                try:
-                    producer.produce(
-                        topic,
-                        key=b"k%d" % (index % 100),
-                        value=b"v",
-                        partition=partition,
-                        timestamp=event_ms,
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_waiting(
+                producer,
+                topic,
+                key=b"k%d" % (index % 100),
+                value=b"v",
+                partition=partition,
+                timestamp=event_ms,
+            )
         producer.poll(0)
     last_ms = BASE_MS + per_partition * 10
     for partition in range(partitions):  # every partition's newest event time, last

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from bench.topics import produce_waiting
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume.job import spark_session
 from spark_consumer.source import read_stream
@@ -45,18 +46,14 @@ def produce(bootstrap: str, topic: str, keys: range, *, step: int = 1) -> None:
         }
     )
     for index in keys[::step]:
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    key=b"k%d" % index,
-                    value=b"v",
-                    partition=index % PARTITIONS,
-                    timestamp=BASE_MS + index % 3_000_000,  # all inside [BASE, BASE + 1 h)
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(
+            producer,
+            topic,
+            key=b"k%d" % index,
+            value=b"v",
+            partition=index % PARTITIONS,
+            timestamp=BASE_MS + index % 3_000_000,  # all inside [BASE, BASE + 1 h)
+        )
     producer.flush(120)
 
 

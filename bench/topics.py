@@ -1,13 +1,16 @@
 """Topics for the benches on the launcher's node: many partitions as topics of at most
 1,000 each (KRaft refuses one CreateTopics request for more: POLICY_VIOLATION,
 "Excessively large number of partitions per request"), returned once every partition
-has a leader (a record sent before fails with UNKNOWN_TOPIC_OR_PART)."""
+has a leader (a record sent before fails with UNKNOWN_TOPIC_OR_PART); and records
+written to them as fast as the producer takes them."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater import kafka_clients
@@ -30,3 +33,14 @@ def create_led(
             raise RuntimeError(f"created partitions without a leader after {timeout_s:.0f} s")
         time.sleep(0.5)
     return names, per_topic
+
+
+def produce_waiting(producer: Producer, topic: str, **record: Any) -> None:
+    """One record, waiting while the producer's queue is full (BufferError) instead of
+    failing: a bench writes faster than one broker on two cores takes them."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:
+            producer.poll(0.05)

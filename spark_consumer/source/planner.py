@@ -154,7 +154,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.run.see(now, start)  # availableNow: the run's ends (Kafka's evidence: ``now``)
         idle_clocks = self.options.consumer_idle_timeout_ms is not None
         owed = idle_clocks or changes.pending or self.run.bounded or self.run.owes_eviction(start)
-        if nothing_new_since(start, self.run.capped(now)) and not owed:
+        run_view = self.run.capped(now)  # what this plan may plan on (``now``: all of it)
+        if nothing_new_since(start, run_view) and not owed:
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
@@ -162,10 +163,10 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # 3. Partitions that appeared join as channels (with the markers held for them),
         #    and partitions whose offsets went back follow failOnDataLoss: before the
         #    markers, so that a marker for a partition that just appeared applies now.
-        broker_partitions.follow(plan, now, batch, self.broker, self.run.capped(now).counts)
+        broker_partitions.follow(plan, now, batch, self.broker, run_view.counts)
         self.control.release_held(plan)
         # 4. New markers are read up to the ends seen in step 1.
-        self.control.read(plan, now, self.run.capped(now).control_ends)
+        self.control.read(plan, now, run_view.control_ends)
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
         #    counts wall time between plans that saw the broker, not for partitions
@@ -178,6 +179,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         broker_partitions.drop_vanished(plan, now, self.broker)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
+        # (The run's view again: partitions.follow takes out log ends it cannot plan on.)
         ends = data_ends(plan.data, self.run.capped(now).latest, limit)
         offset = make_offset(
             plan,

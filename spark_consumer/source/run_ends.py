@@ -145,9 +145,8 @@ class RunEnds:
         self.options = options
         self.available_now = False
         self.ends: Ends | None = None
-        self._given = (
-            ending_by_partition(options.ending_offsets) or {} if options.ending_offsets else {}
-        )
+        # The offsets endingOffsets names (none: latest, or unbounded).
+        self._given = ending_by_partition(options.ending_offsets or "latest") or {}
         # What the last plan saw of the broker (owes_records).
         self._now: BrokerView | None = None
 
