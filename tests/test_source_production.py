@@ -87,8 +87,8 @@ class _WriteDuringWait(ProgressCollector):
 
     write_during_wait: Any = None
 
-    def wait_for_progress(self, start: Any, plan: Any) -> Any:
-        found = super().wait_for_progress(start, plan)
+    def wait_for_progress(self, start: Any, plan: Any, now: Any = None) -> Any:
+        found = super().wait_for_progress(start, plan, now)
         if self.write_during_wait is not None:
             self.write_during_wait()
             self.write_during_wait = None
@@ -856,6 +856,33 @@ def test_two_queries_sharing_a_progress_topic_never_take_each_others_progress(
     finally:
         first.stop()
         second.stop()
+
+
+def test_a_plan_from_a_start_it_read_past_reads_that_starts_progress_again(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    """The progress consumer stays assigned from one plan to the next (issue 33: the
+    readers' records are fetched while the batch runs, not after the plan asks). A plan
+    from a start other than where the last one stopped (Spark plans from its offset log,
+    which a plan it did not take never reaches) reads that start's progress again: the
+    same plan, never a wait for records the consumer is past."""
+    topic, control, write = _setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    driven = Driven.start(
+        options(broker.bootstrap_servers, topic, control, progressTimeoutMs="5000")
+    )
+    try:
+        driven.step()  # reads [0, 10); its readers write their progress
+        write.data(0, *range(10, 20))
+        first = driven.plan()  # takes that progress; the assignment is kept after it
+        assert driven.reader.progress._assigned is not None
+        again = driven.plan()  # the same start: the same progress, read again
+        for planned in (first, again):
+            assert SourceOffset.decode(planned).data == {topic: {"0": 20}}
+            assert planned["counters"]["records"] == 10
+        assert again["watermark"] == first["watermark"] > driven.offset["watermark"]
+    finally:
+        driven.stop()
 
 
 # ------------------------------------------------------------ 10. the idle clock at a restart

@@ -2,7 +2,8 @@
 replay plans the same batch and a restart continues from it (semantics.md §6).
 
 One frozen type, ``SourceOffset``, in two wire formats: version 2 (since issue 22) and
-version 1, read in every shape main wrote (tests/data); else one line (``unreadable``).
+version 1, read in every shape main wrote (tests/data, offset_v1.py); else one line
+(``unreadable``).
 
 Version 1 wrote about 155 bytes per partition (positions twice, rows led by channel
 names). Version 2 keeps the batch's summary readable (``watermark``, ``status``, ...),
@@ -139,8 +140,10 @@ class SourceOffset:
         cls, raw: Mapping[str, Any], version: int, max_event_time_ahead_ms: int | None
     ) -> SourceOffset:
         if version == 1:
-            data, data_from = _offsets(raw["data"]), _offsets(raw["from"])
-            aligner = _version_1_aligner(raw["aligner"])
+            from spark_consumer.source import offset_v1  # (it imports this module)
+
+            data, data_from = offset_v1.offsets(raw["data"]), offset_v1.offsets(raw["from"])
+            aligner = offset_v1.aligner(raw["aligner"])
         else:
             data, data_from, aligner = _decode_partitions(raw)
         return cls(
@@ -181,6 +184,11 @@ class SourceOffset:
         """The batch's non-empty ``[start, end)`` per partition, in topic and partition
         order (computed once: a plan asks several times, 20 ms at 10,000 partitions)."""
         return list(self._ranges)
+
+    @functools.cached_property
+    def ends_by_key(self) -> dict[tuple[str, int], int]:
+        """The data end offsets by (topic, partition), once: an idle plan compares them."""
+        return {(t, int(p)): end for t, ends in self.data.items() for p, end in ends.items()}
 
     @functools.cached_property
     def _ranges(self) -> tuple[tuple[str, int, int, int], ...]:
@@ -460,28 +468,8 @@ def _watermark_refs(events: list[int | None], out_of_orderness: int) -> list[int
     return [MIN_WATERMARK if e is None else e - out_of_orderness for e in events]
 
 
-# ---------------------------------------------------------------------- version 1
-
-
-def _offsets(raw: Mapping[str, Mapping[str, Any]]) -> Offsets:
-    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
-
-
-def _version_1_aligner(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """Version 1's aligner snapshot as the aligner restores it: rows by name (e3eeae9 to
-    8404e02) by place (2dd89a8 on); counters 0d924d2 added start at 0, as they did then."""
-    rows = []
-    for row in snapshot["partitions"]:
-        if len(row) == 2 and isinstance(row[1], Mapping):
-            named = row[1]  # its restore read a missing last_data_ms as None: no data yet
-            fields = ("status", "read_position", "max_record_offset", "newest_event_ms")
-            values = [named[f] for f in (*fields, "epoch", "idle_offset")]
-            rows.append([row[0], *values, named.get("last_data_ms"), list(named["pending"])])
-        elif len(row) == 9:
-            rows.append(row)
-        else:
-            raise OffsetFormatError(f"aligner row {row[:1]} has {len(row)} values, not 9")
-    return {**snapshot, "partitions": rows}
+# ---------------------------------------------------------------------- both versions
+# (version 1's own rows: offset_v1.py)
 
 
 def _latest_event_ms(raw: Mapping[str, Any], ahead_ms: int | None) -> int | None:

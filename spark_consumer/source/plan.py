@@ -170,11 +170,10 @@ def nothing_new_since(start: SourceOffset, now: BrokerView) -> bool:
     known = start.data
     if now.counts.keys() != known.keys() or any(len(known[t]) != n for t, n in now.counts.items()):
         return False
-    if any(
-        now.latest.get((t, p), known[t][str(p)]) != known[t][str(p)]
-        for t, n in now.counts.items()
-        for p in range(n)
-    ):
+    # Every log end given is the one planned (one not given: no news of it). Compared
+    # as dict views, in C: a loop in Python was 8 ms of an idle plan at 10,000.
+    given = {key: end for key, end in now.latest.items() if key[0] in known}
+    if not given.items() <= start.ends_by_key.items():
         return False  # new records, or offsets that went back
     return bool(now.control_ends.items() <= start.control.items())
 

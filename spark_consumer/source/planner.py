@@ -159,7 +159,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return start_json  # the common idle trigger: no state to restore or write
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
-        batch, start_batch_id = self.progress.collect(start, plan)
+        batch, start_batch_id = self.progress.collect(start, plan, now)
         # 3. Partitions that appeared join as channels (with the markers held for them),
         #    and partitions whose offsets went back follow failOnDataLoss: before the
         #    markers, so that a marker for a partition that just appeared applies now.

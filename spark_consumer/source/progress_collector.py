@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from slackwater import kafka_evidence
 from spark_consumer.alignment import PartitionBatch
-from spark_consumer.source.broker import PLANNER_GROUP, PlannerBroker
+from spark_consumer.source.broker import PLANNER_GROUP, BrokerView, PlannerBroker
 from spark_consumer.source.offset import Offsets, SourceOffset
 from spark_consumer.source.options import GONE_CHECK_S, SourceError, SourceOptions, channel
 from spark_consumer.source.plan import Plan
@@ -57,53 +57,81 @@ class ProgressCollector:
         self.options = options
         self._broker = broker
         self._consumer: Any = None
+        # The consumer's assignment, kept from one wait to the next while the next plan
+        # reads on from where it stopped: its records are fetched while the batch runs,
+        # not after the plan asks (an assignment made at each wait cost about 10 ms of
+        # every plan, docs/performance.md). Where each partition would read next, and
+        # the partitions it has read to their end (no record since the end was reported:
+        # librdkafka reports an end once per arrival there). None: not assigned.
+        self._assigned: dict[int, int] | None = None
+        self._at_end: set[int] = set()
 
     def collect(
-        self, start: SourceOffset, plan: Plan
+        self, start: SourceOffset, plan: Plan, now: BrokerView | None = None
     ) -> tuple[dict[Any, PartitionBatch], int | None]:
         """What the batch that ended at ``start`` read of each partition, for the aligner,
-        and Spark's id of that batch (None if unknown); its counts go to the plan."""
+        and Spark's id of that batch (None if unknown); its counts go to the plan
+        (``now``: the plan's view of the broker, which lists the progress topic)."""
         last_ranges = start.ranges()
         waited_from = time.monotonic()
-        found = self.wait_for_progress(start, plan)
+        found = self.wait_for_progress(start, plan, now)
         plan.progress_wait_ms = int((time.monotonic() - waited_from) * 1000)
         batch_ids = [seen.batch_id for seen in found.values() if seen.batch_id is not None]
         found.pop(("", -1), None)
-        for seen in found.values():
-            plan.count("records", seen.records)
-            plan.count("records_late", seen.late)
-            plan.count("records_unreadable", seen.unreadable)
-            plan.count("records_dropped", seen.dropped)
-            plan.count("records_lost", seen.lost)
+        if found:  # summed first: one count per kind, not per partition
+            seen = found.values()
+            plan.count("records", sum(s.records for s in seen))
+            plan.count("records_late", sum(s.late for s in seen))
+            plan.count("records_unreadable", sum(s.unreadable for s in seen))
+            plan.count("records_dropped", sum(s.dropped for s in seen))
+            plan.count("records_lost", sum(s.lost for s in seen))
         batch = partition_batches(plan.data, last_ranges, found)
         return batch, max(batch_ids) if batch_ids else None
 
-    def wait_for_progress(self, start: SourceOffset, plan: Plan) -> Found:
+    def wait_for_progress(
+        self, start: SourceOffset, plan: Plan, now: BrokerView | None = None
+    ) -> Found:
         """The progress records of the last batch's tasks (and of its synthetic row)."""
         wanted = self._wanted(start)
         if not wanted:
             return {}
         if self._consumer is None:
             self._consumer = self._broker.consumer("progress")
-        positions = self._positions(plan)
-        self._consumer.assign(
-            [TopicPartition(self.options.progress_topic, p, o) for p, o in positions.items()]
-        )
+        positions = self._positions(plan, now)
+        if self._assigned != positions:  # another start (a replay, a plan not taken)
+            self._unassign()
+            self._consumer.assign(
+                [TopicPartition(self.options.progress_topic, p, o) for p, o in positions.items()]
+            )
+            self._assigned = dict(positions)
+        completed = False
         try:
-            return self._consume(wanted, plan, positions)
+            found, completed = self._consume(wanted, plan, positions)
+            return found
         finally:
-            self._consumer.unassign()
+            if not completed:  # gone, missing or failed: the next wait assigns afresh
+                self._unassign()
 
-    def _consume(self, wanted: dict[str, Task], plan: Plan, positions: dict[int, int]) -> Found:
+    def _unassign(self) -> None:
+        if self._assigned is not None:
+            self._consumer.unassign()
+        self._assigned = None
+        self._at_end = set()
+
+    def _consume(
+        self, wanted: dict[str, Task], plan: Plan, positions: dict[int, int]
+    ) -> tuple[Found, bool]:
+        """The wanted records, and whether they all came (the assignment may be kept)."""
         found: Found = {}
         deadline = time.monotonic() + self.options.progress_timeout_s
-        at_end: set[int] = set()
+        at_end = self._at_end
         # When to ask the broker whether the missing records are gone: at once when the
         # consumer reports the end of every partition or a missing topic, else every
         # few seconds (a consumer assigned to a topic that does not exist may report
         # nothing at all).
         next_gone_check = time.monotonic() + GONE_CHECK_S
         gone = _GoneCheck()
+        troubled = False  # the topic reported missing in this wait
         while wanted:
             if time.monotonic() > deadline:
                 raise SourceError(
@@ -128,8 +156,9 @@ class ProgressCollector:
                     # Later batches' progress is written from there on: read it.
                     plan.progress = {str(p): o for p, o in read_again_from.items()}
                     plan.count("progress_lost", _ranges_in(wanted.values()))
-                    break
-        return found
+                    return found, False
+            troubled = troubled or missing_topic
+        return found, not troubled
 
     def _take(
         self,
@@ -157,6 +186,8 @@ class ProgressCollector:
                 ) or SourceError(f"reading progress topic {topic}: {error}")
             at_end.discard(message.partition())
             plan.progress[str(message.partition())] = message.offset() + 1
+            if self._assigned is not None:
+                self._assigned[message.partition()] = message.offset() + 1
             key = (message.key() or b"").decode(errors="replace")
             task = wanted.pop(key, None)
             if task is not None:
@@ -169,21 +200,25 @@ class ProgressCollector:
                     wanted[key] = task
         return missing_topic
 
-    def _positions(self, plan: Plan) -> dict[int, int]:
+    def _positions(self, plan: Plan, now: BrokerView | None) -> dict[int, int]:
         """Every partition of the progress topic, from where the last plan stopped; from
         its beginning if the plan has no position for it (the topic is new, or was given
         more partitions since: readers' keyed records go to any of them), so no record
-        is missed. The topic's partitions as the broker lists them now, at every wait."""
+        is missed. The topic's partitions as the broker lists them now, at every wait:
+        in the plan's metadata, or asked for by name where that does not list it."""
         positions = {int(p): o for p, o in plan.progress.items()}
-        try:
-            described = self._broker.describe(self.options.progress_topic)
-        except KafkaException:
-            if not positions:
-                raise
-            described = None  # the known partitions now, every partition at the next wait
-        if described is not None and described.error is None:
-            for partition in described.partitions:
-                positions.setdefault(partition, OFFSET_BEGINNING)
+        listed = now.progress_partitions if now is not None else None
+        if listed is None:
+            try:
+                described = self._broker.describe(self.options.progress_topic)
+            except KafkaException:
+                if not positions:
+                    raise
+                described = None  # the known partitions now, all of them at the next wait
+            if described is not None and described.error is None:
+                listed = tuple(described.partitions)
+        for partition in listed or ():
+            positions.setdefault(partition, OFFSET_BEGINNING)
         return positions
 
     def _wanted(self, start: SourceOffset) -> dict[str, Task]:
@@ -244,6 +279,7 @@ class ProgressCollector:
         return read_again_from
 
     def close(self) -> None:
+        self._assigned, self._at_end = None, set()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
