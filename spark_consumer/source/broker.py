@@ -134,7 +134,11 @@ class PlannerBroker:
             kafka_clients.partition_counts(metadata, [control]).get(control, 0) if control else 0
         )
         latest = self.list_offsets(self._log_ends_asked(counts, control_count), "latest")
-        control_ends = {str(p): end for (t, p), end in latest.items() if t == control}
+        control_ends = {
+            str(p): latest[(control, p)]
+            for p in range(control_count)
+            if control is not None and (control, p) in latest
+        }
         unnamed = [t for t in counts if t not in self.topic_ids]
         if control is not None and control not in self.topic_ids and control_ends:
             unnamed.append(control)
@@ -292,22 +296,20 @@ class PlannerBroker:
             )
             for request in self._requests(partitions, spec_name)
         ]
-        answers: dict[Key, Any] = {}
         offsets = Answers()
         for future in pending:
             answered = kafka_clients.answer(future, self._timeout_s)
-            answers.update(answered)
+            offsets.update(answered)
             offsets.leader_epochs.update(getattr(answered, "leader_epochs", {}))
+        # The errors taken out of the offsets (the rare case: one pass in C finds them).
         not_ready: dict[Key, str] = {}
-        for (topic, partition), answer in answers.items():
-            if isinstance(answer, KafkaError):
-                if not list_offsets.retriable(answer):
-                    raise self.options.refused(answer, f"describe topic {topic}") or SourceError(
-                        f"{spec_name} offset of {topic}[{partition}]: {answer}"
-                    )
-                not_ready[(topic, partition)] = answer.name()
-                continue
-            offsets[(topic, partition)] = answer
+        for key in [key for key, answer in offsets.items() if isinstance(answer, KafkaError)]:
+            answer = offsets.pop(key)
+            if not list_offsets.retriable(answer):
+                raise self.options.refused(answer, f"describe topic {key[0]}") or SourceError(
+                    f"{spec_name} offset of {key[0]}[{key[1]}]: {answer}"
+                )
+            not_ready[key] = answer.name()
         return offsets, not_ready
 
     # ---------------------------------------------------------------- the progress topic

@@ -171,9 +171,10 @@ def nothing_new_since(start: SourceOffset, now: BrokerView) -> bool:
     if now.counts.keys() != known.keys() or any(len(known[t]) != n for t, n in now.counts.items()):
         return False
     # Every log end given is the one planned (one not given: no news of it). Compared
-    # as dict views, in C: a loop in Python was 8 ms of an idle plan at 10,000.
-    given = {key: end for key, end in now.latest.items() if key[0] in known}
-    if not given.items() <= start.ends_by_key.items():
+    # as dict views, in C: a loop in Python was 8 ms of an idle plan at 10,000. What
+    # differs is the control topic's (compared below) or news.
+    differing = now.latest.items() - start.ends_by_key.items()
+    if any(topic in known for (topic, _), _ in differing):
         return False  # new records, or offsets that went back
     return bool(now.control_ends.items() <= start.control.items())
 
