@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from hypothesis import given
@@ -12,7 +13,13 @@ from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.source.broker import BrokerView
 from spark_consumer.source.offset import SourceOffset, ranges
-from spark_consumer.source.plan import nothing_new_since, rate_limit, records_between, same_batch
+from spark_consumer.source.plan import (
+    PlanMemory,
+    nothing_new_since,
+    rate_limit,
+    records_between,
+    same_batch,
+)
 from spark_consumer.source.progress import Progress
 from spark_consumer.source.progress_collector import partition_batches
 
@@ -88,6 +95,30 @@ def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
         dataclasses.replace(start, data_from={"t": {"0": 4, "1": 3}}),
         _now({("t", 0): 5, ("t", 1): 3}, {"0": 2}),
     )
+    # The log ends asked hold the control topic's too (one ListOffsets round for both).
+    asked = {("t", 0): 5, ("t", 1): 3, ("ctl", 0): 2}
+    assert nothing_new_since(start, BrokerView({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2}))
+    asked = {**asked, ("t", 1): 4}
+    assert not nothing_new_since(
+        start, BrokerView({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2})
+    )
+
+
+def test_an_offset_spark_hands_back_again_is_decoded_once() -> None:
+    """Spark plans from an offset this planner did not return last for as long as no
+    batch runs (after a restart; the first of the two initial offsets it asks for): every
+    idle trigger hands it back, and it is read once."""
+    memory = PlanMemory()
+    logged = json.loads(json.dumps(_start({"t": {"0": 5}}).encode()))
+    read = memory.decoded(logged)
+    assert memory.decoded(json.loads(json.dumps(logged))) is read
+    assert memory.aligner(read, lambda _: None).snapshot() == read.aligner  # from the offset
+    returned = _start({"t": {"0": 6}})
+    aligner = MarkerAligner.restore(returned.aligner)
+    memory.returned(returned, aligner)  # a plan's: kept with its aligner, as before
+    assert memory.decoded(json.loads(json.dumps(returned.encode()))) is returned
+    assert memory.aligner(returned, lambda _: None) is aligner
+    assert memory.decoded(logged) is not read  # another one read since: read again
 
 
 def test_progress_gone_reads_as_unknown_the_conservative_way() -> None:

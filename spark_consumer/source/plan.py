@@ -104,9 +104,9 @@ def make_offset(
 
 
 class PlanMemory:
-    """The offset this planner returned last, and the aligner state it left there (None
-    once a plan has begun changing it). At 10,000 partitions, decoding an offset and
-    restoring its aligner are tens of milliseconds each. An offset it cannot read or
+    """The offset this planner returned (or read) last, and the aligner state it left
+    there (None once a plan has begun changing it). At 10,000 partitions, decoding an
+    offset and restoring its aligner are tens of milliseconds each. An offset it cannot read or
     restore ends the query with one line (``offset.unreadable``), never Python's own."""
 
     def __init__(self, max_event_time_ahead_ms: int | None = None) -> None:
@@ -115,14 +115,20 @@ class PlanMemory:
         self._max_event_time_ahead_ms = max_event_time_ahead_ms
 
     def decoded(self, raw: dict[str, Any]) -> SourceOffset:
-        """An offset Spark handed back; the one returned last is not read again."""
+        """An offset Spark handed back; the one returned or read last is not read again.
+        Spark plans from one it did not take from this planner's last return for as long
+        as no batch runs: after a restart, or from the first of the two initial offsets
+        it asks for (55 ms a trigger at 10,000 partitions, each idle one)."""
         last = self._last
         if last is not None and last[0].plan_id and raw.get("plan_id") == last[0].plan_id:
             return last[0]
         try:
-            return SourceOffset.decode(raw, max_event_time_ahead_ms=self._max_event_time_ahead_ms)
+            offset = SourceOffset.decode(raw, max_event_time_ahead_ms=self._max_event_time_ahead_ms)
         except OffsetFormatError as error:
             raise SourceError(str(error)) from error
+        if offset.plan_id:
+            self.keep(offset, None)  # its aligner is restored from it when a plan needs it
+        return offset
 
     def returned(
         self, offset: SourceOffset, aligner: MarkerAligner | None = None
