@@ -924,6 +924,75 @@ def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_
         _change_acls(admin, True, data_rights)
 
 
+def _refused_read(node: KafkaBroker, topic: str) -> bool:
+    """Whether orders-job is refused a read of ``topic`` now (a consumer of its own)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": node.bootstrap_servers,
+            "group.id": f"slackwater-probe-{uuid.uuid4().hex[:6]}",
+            **credentials("orders-job"),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        messages = consumer.consume(10, timeout=3)
+        errors = [error for m in messages if (error := m.error()) is not None]
+        return any(e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errors)
+    finally:
+        consumer.close()
+
+
+def test_progress_refused_between_plans_then_allowed_again_ends_no_plan(
+    secured: KafkaBroker, topics: Topics
+) -> None:
+    """The planner's progress consumer stays assigned between plans (issue 33), and a
+    refusal it met there, the right given back before the next plan, is read again on an
+    assignment of its own: it ends nothing. A refusal that lasts ends a plan in one line,
+    as before: the first that needs a record fetched since."""
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap_servers, **credentials("admin")})
+    progress = f"{topics.control}.progress"
+    read_progress = _rights(topics, "User:orders-job", f"{CONTROL}.progress", {AclOperation.READ})
+    assert read_progress
+    write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
+    write.data(0, 1, 2)
+    given = options(
+        secured.bootstrap_servers,
+        topics.data,
+        topics.control,
+        **source_config(credentials("orders-job")),
+    )
+    driven = Driven.start(given)
+    try:
+        driven.step()  # reads [0, 2); its progress is written
+        write.data(0, 3, 4)
+        driven.step()  # takes that progress; the assignment stays, fetching
+        assert driven.reader.progress._assigned is not None
+        _change_acls(admin, False, read_progress)
+        wait_until(lambda: _refused_read(secured, progress), DEADLINE_S, "the read refused")
+        time.sleep(2)  # the kept consumer's own fetches, every 500 ms, are refused too
+        _change_acls(admin, True, read_progress)
+        wait_until(lambda: not _refused_read(secured, progress), DEADLINE_S, "the read back")
+        for offset in (4, 5, 6):  # the refusal queued meanwhile is met in one of these
+            write.data(0, offset + 1)
+            rows = real(driven.step())  # no refusal ends it: it is read again on its own
+            assert [(r["partition"], r["offset"]) for r in rows] == [(0, offset)]
+        _change_acls(admin, False, read_progress)
+        wait_until(lambda: _refused_read(secured, progress), DEADLINE_S, "the read refused")
+        with pytest.raises(SourceError) as refused:
+            for offset in (7, 8, 9):  # records it fetched before the refusal come first
+                write.data(0, offset + 1)
+                driven.step()
+        line = str(refused.value)
+        assert line.startswith(
+            f"planner (driver): not authorized as 'orders-job' to read progress topic {progress}"
+        ), line
+    finally:
+        driven.stop()
+        _change_acls(admin, True, read_progress)
+
+
 def _filter(binding: AclBinding) -> AclBindingFilter:
     return AclBindingFilter(
         binding.restype,

@@ -112,7 +112,8 @@ def test_an_offset_spark_hands_back_again_is_decoded_once() -> None:
     logged = json.loads(json.dumps(_start({"t": {"0": 5}}).encode()))
     read = memory.decoded(logged)
     assert memory.decoded(json.loads(json.dumps(logged))) is read
-    assert memory.aligner(read, lambda _: None).snapshot() == read.aligner  # from the offset
+    restored = memory.aligner(read, lambda _: None).snapshot()  # from the offset
+    assert restored["partitions"] == read.aligner["partitions"]
     returned = _start({"t": {"0": 6}})
     aligner = MarkerAligner.restore(returned.aligner)
     memory.returned(returned, aligner)  # a plan's: kept with its aligner, as before

@@ -78,7 +78,7 @@ class PlannerBroker:
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
         # The ListOffsets requests last built, by spec: (partitions, requests).
-        self._built: dict[str, tuple[tuple[Key, ...], list[OffsetsRequest]]] = {}
+        self._built: dict[tuple[str, str], tuple[tuple[Key, ...], list[OffsetsRequest]]] = {}
         # The log ends a plan asks, by the partition counts they were made of.
         self._asked_shape: tuple[tuple[Any, int], list[Key]] | None = None
 
@@ -97,9 +97,9 @@ class PlannerBroker:
                 raise self.options.not_made(error.args[0], PLANNER) from None
         return self._admin
 
-    def consumer(self, role: str) -> Any:
-        """A consumer of the control or progress topic (``role``), reading by assignment;
-        a refusal it meets ends the query (_RefusedEnds)."""
+    def consumer(self, role: str, settings: dict[str, Any] | None = None) -> Any:
+        """A consumer of the control or progress topic (``role``), reading by assignment,
+        with ``settings`` of its own; a refusal it meets ends the query (_RefusedEnds)."""
         name = self.client(role)
         try:
             made = kafka_clients.consumer(
@@ -111,6 +111,7 @@ class PlannerBroker:
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,
                     "auto.offset.reset": "earliest",
+                    **(settings or {}),
                 },
             )
         except KafkaException as error:
@@ -270,14 +271,17 @@ class PlannerBroker:
         """The requests of ``partitions``, REQUEST_PARTITIONS each, built once for as long
         as the partitions asked stay the same (every plan asks the same log ends)."""
         asked = tuple(partitions)
-        built = self._built.get(spec_name)
+        # By spec and first topic: the progress topic's, asked now and then, are kept
+        # beside the plan's (a plan's first topic is a subscribed one).
+        kind = (spec_name, asked[0][0] if asked else "")
+        built = self._built.get(kind)
         if built is None or built[0] != asked:
             spec = getattr(OffsetSpec, spec_name)()
             requests = [
                 OffsetsRequest(asked[i : i + REQUEST_PARTITIONS], spec)
                 for i in range(0, len(asked), REQUEST_PARTITIONS)
             ]
-            built = self._built[spec_name] = (asked, requests)
+            built = self._built[kind] = (asked, requests)
         return built[1]
 
     def _list_offsets_once(
@@ -301,7 +305,7 @@ class PlannerBroker:
             answered = kafka_clients.answer(future, self._timeout_s)
             offsets.update(answered)
             offsets.leader_epochs.update(getattr(answered, "leader_epochs", {}))
-        # The errors taken out of the offsets (the rare case: one pass in C finds them).
+        # The errors taken out of the offsets (the rare case: found in one pass).
         not_ready: dict[Key, str] = {}
         for key in [key for key, answer in offsets.items() if isinstance(answer, KafkaError)]:
             answer = offsets.pop(key)

@@ -37,6 +37,15 @@ Task = TaskPartition | SyntheticPartition
 Found = dict[tuple[str, int], Progress]
 
 
+# The progress consumer's prefetch, at most (KiB): what it fetches between plans waits in
+# its queue until the next plan.
+PREFETCH_BOUND = {"queued.max.messages.kbytes": 1024}
+
+
+class _HeldError(Exception):
+    """An error a kept assignment's consumer reported: perhaps queued between plans."""
+
+
 @dataclass
 class _GoneCheck:
     """What the checks for gone progress saw so far in one wait."""
@@ -96,21 +105,35 @@ class ProgressCollector:
         if not wanted:
             return {}
         if self._consumer is None:
-            self._consumer = self._broker.consumer("progress")
+            # Between plans it holds what it fetched: a shared topic's other queries'
+            # records too, bounded here (librdkafka's default is 64 MB).
+            self._consumer = self._broker.consumer("progress", PREFETCH_BOUND)
         positions = self._positions(plan, now)
-        if self._assigned != positions:  # another start (a replay, a plan not taken)
-            self._unassign()
-            self._consumer.assign(
-                [TopicPartition(self.options.progress_topic, p, o) for p, o in positions.items()]
-            )
-            self._assigned = dict(positions)
+        kept = self._assigned == positions
+        if not kept:  # another start (a replay, a plan not taken): from its positions
+            self._assign(positions)
+        before = dict(plan.progress), dict(plan.counters)
         completed = False
         try:
-            found, completed = self._consume(wanted, plan, positions)
+            try:
+                found, completed = self._consume(wanted, plan, positions, kept)
+            except _HeldError:
+                # An error the consumer queued while it sat assigned between plans (a
+                # fetch refused for a moment): the wait starts again on an assignment of
+                # its own, where an error that lasts ends the plan as it always did.
+                plan.progress, plan.counters = before
+                self._assign(positions)
+                found, completed = self._consume(self._wanted(start), plan, positions, False)
             return found
         finally:
             if not completed:  # gone, missing or failed: the next wait assigns afresh
                 self._unassign()
+
+    def _assign(self, positions: dict[int, int]) -> None:
+        self._unassign()
+        topic = self.options.progress_topic
+        self._consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
+        self._assigned = dict(positions)
 
     def _unassign(self) -> None:
         if self._assigned is not None:
@@ -119,9 +142,10 @@ class ProgressCollector:
         self._at_end = set()
 
     def _consume(
-        self, wanted: dict[str, Task], plan: Plan, positions: dict[int, int]
+        self, wanted: dict[str, Task], plan: Plan, positions: dict[int, int], kept: bool
     ) -> tuple[Found, bool]:
-        """The wanted records, and whether they all came (the assignment may be kept)."""
+        """The wanted records, and whether they all came (the assignment may be kept);
+        ``kept``: the assignment is the last wait's (an error may be from before)."""
         found: Found = {}
         deadline = time.monotonic() + self.options.progress_timeout_s
         at_end = self._at_end
@@ -143,13 +167,17 @@ class ProgressCollector:
                 )
             # consume() returns when it has num_messages or at the timeout: asking for
             # what is still wanted returns as soon as it has come.
-            messages = self._consumer.consume(num_messages=min(len(wanted), 10_000), timeout=0.2)
-            missing_topic = self._take(messages, wanted, found, plan, at_end)
-            reported = missing_topic or at_end >= set(positions)
+            asked = min(len(wanted), 10_000)
+            messages = self._consumer.consume(num_messages=asked, timeout=0.2)
+            missing_topic = self._take(messages, wanted, found, plan, at_end, kept=kept)
+            # The ends reported hold once nothing more is queued (an end kept from the
+            # last wait may stand before records fetched since, on another partition).
+            read_to_end = len(messages) < asked and at_end >= set(positions)
+            reported = missing_topic or read_to_end
             due = time.monotonic() >= next_gone_check
             if wanted and (due or (reported and not gone.reported)):
                 gone.reported = reported
-                gone.read_to_end = at_end >= set(positions)
+                gone.read_to_end = read_to_end
                 next_gone_check = time.monotonic() + GONE_CHECK_S
                 read_again_from = self._gone(positions, gone)
                 if read_again_from is not None:
@@ -167,9 +195,12 @@ class ProgressCollector:
         found: Found,
         plan: Plan,
         at_end: set[int],
+        *,
+        kept: bool,
     ) -> bool:
         """Takes the wanted records among ``messages`` (from ``wanted`` into ``found``);
-        notes the partitions read to their end; True if the topic was reported missing."""
+        notes the partitions read to their end; True if the topic was reported missing.
+        An error on a ``kept`` assignment is _HeldError: it may be from between plans."""
         missing_topic = False
         for message in messages:
             error = message.error()
@@ -180,6 +211,8 @@ class ProgressCollector:
                 if kafka_evidence.missing_topic_event(error):
                     missing_topic = True
                     continue
+                if kept:
+                    raise _HeldError(error)
                 topic = self.options.progress_topic
                 raise self.options.refused(
                     error, f"read progress topic {topic}", PLANNER_GROUP
