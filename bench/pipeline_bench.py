@@ -14,7 +14,9 @@ the other, in one local[2] SparkSession where Spark is involved:
   (d) `slackwater consume` end to end: the source, the valve, the late output,
       groupBy(window, key).count() on RocksDB into Spark's JSON file sink;
   (g) the same aggregation and sink through the slackwater source with a plain
-      withWatermark instead of the valve, and no late output;
+      withWatermark instead of the valve, and no late output, on (d)'s trigger
+      (100 ms, until all is processed); (g) and (d) run --repeats times each, in turn,
+      and their medians are reported (single runs vary by a third here);
   (f) the slackwater source through the valve (read_stream) + Spark's own
       groupBy(window).count() into the no-op sink.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 import uuid
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -46,6 +49,7 @@ from spark_consumer.consume.job import spark_session, start
 from spark_consumer.source import SlackwaterKafkaSource, read_stream
 
 BASE_MS = 1_700_000_000_000
+CONSUME_TRIGGER_MS = 100  # (d)'s --trigger, and (g)'s
 
 
 def produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
@@ -96,10 +100,38 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> f
     return elapsed
 
 
+def consume_job(
+    spark: SparkSession, bootstrap: str, topic: str, control: str, tmp: Path, *, total: int
+) -> float:
+    """(d): ``slackwater consume`` until it has read all ``total`` records, in seconds."""
+    config = ConsumerConfig(
+        bootstrap_servers=bootstrap,
+        topics=(topic,),
+        control_topic=control,
+        window_ms=10_000,
+        max_out_of_orderness_ms=2_000,
+        output=str(tmp / "out"),
+        checkpoint=str(tmp / "checkpoint"),
+        trigger_ms=CONSUME_TRIGGER_MS,
+        metrics_port=None,
+    )
+    started = time.perf_counter()
+    job = start(spark, config)
+    job.query.processAllAvailable()
+    elapsed = time.perf_counter() - started
+    progress = job.query.lastProgress
+    assert progress is not None
+    read = int(json.loads(progress["sources"][0]["endOffset"])["counters"]["records"])
+    job.stop()
+    assert read == total, f"slackwater consume read {read} of {total}"
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of (g) and (d) each")
     args = parser.parse_args()
     total = (args.records // args.partitions) * args.partitions
     tmp = Path(tempfile.mkdtemp(prefix="slackwater-bench-"))
@@ -198,33 +230,35 @@ def main() -> None:
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
-        seconds["g"] = timed(
-            window_count.writeStream.format("json")
-            .outputMode("append")
-            .option("path", str(tmp / "g-out"))
-            .option("checkpointLocation", str(tmp / "g"))
-        )
-        config = ConsumerConfig(
-            bootstrap_servers=bootstrap,
-            topics=(topic,),
-            control_topic=control,
-            window_ms=10_000,
-            max_out_of_orderness_ms=2_000,
-            output=str(tmp / "d-out"),
-            checkpoint=str(tmp / "d"),
-            trigger_ms=100,
-            metrics_port=None,
-        )
-        started = time.perf_counter()
-        job = start(spark, config)
-        job.query.processAllAvailable()
-        seconds["d"] = time.perf_counter() - started
-        progress = job.query.lastProgress
-        assert progress is not None
-        read = int(json.loads(progress["sources"][0]["endOffset"])["counters"]["records"])
-        job.stop()
-        assert read == total, f"slackwater consume read {read} of {total}"
+
+        def plain_job(run: str) -> float:
+            """(g): ``consume``'s job with a plain watermark, on ``consume``'s trigger."""
+            started = time.perf_counter()
+            query = (
+                window_count.writeStream.format("json")
+                .outputMode("append")
+                .option("path", str(tmp / f"{run}-out"))
+                .option("checkpointLocation", str(tmp / run))
+                .trigger(processingTime=f"{CONSUME_TRIGGER_MS} milliseconds")
+                .start()
+            )
+            query.processAllAvailable()
+            elapsed = time.perf_counter() - started
+            query.stop()
+            return elapsed
+
+        # d/g is the ratio of two runs of about 7 s whose single runs vary by a third on
+        # this machine: --repeats of each, in turn, and their medians.
+        runs: dict[str, list[float]] = {"g": [], "d": []}
+        for repeat in range(args.repeats):
+            runs["g"].append(plain_job(f"g{repeat}"))
+            runs["d"].append(
+                consume_job(spark, bootstrap, topic, control, tmp / f"d{repeat}", total=total)
+            )
+        seconds["g"], seconds["d"] = (statistics.median(runs[k]) for k in ("g", "d"))
         spark.stop()
+        print("runs of (g) s:", *(f"{s:.1f}" for s in runs["g"]))
+        print("runs of (d) s:", *(f"{s:.1f}" for s in runs["d"]))
     names = {
         "a": "raw confluent-kafka consume",
         "b": "slackwater-kafka source -> noop sink",
