@@ -13,8 +13,8 @@ the other, in one local[2] SparkSession where Spark is involved:
       groupBy(window).count();
   (d) `slackwater consume` end to end: the source, the valve, the late output,
       groupBy(window, key).count() on RocksDB into Spark's JSON file sink;
-  (g) the same aggregation and sink through the slackwater source with a plain
-      withWatermark instead of the valve, and no late output, on (d)'s trigger
+  (g) (d)'s own window count (``job.windows``) and sink through the slackwater source
+      with a plain withWatermark instead of the valve, and no late output, on (d)'s trigger
       (100 ms, until all is processed); (g) and (d) run --repeats times each, in turn,
       and their medians are reported (single runs vary by a third here);
   (f) the slackwater source through the valve (read_stream) + Spark's own
@@ -45,7 +45,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from bench.topics import produce_waiting
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume.config import ConsumerConfig
-from spark_consumer.consume.job import spark_session, start
+from spark_consumer.consume.job import spark_session, start, windows
 from spark_consumer.source import SlackwaterKafkaSource, read_stream
 
 BASE_MS = 1_700_000_000_000
@@ -100,11 +100,9 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> f
     return elapsed
 
 
-def consume_job(
-    spark: SparkSession, bootstrap: str, topic: str, control: str, tmp: Path, *, total: int
-) -> float:
-    """(d): ``slackwater consume`` until it has read all ``total`` records, in seconds."""
-    config = ConsumerConfig(
+def consume_config(bootstrap: str, topic: str, control: str, tmp: Path) -> ConsumerConfig:
+    """The settings of (d), whose window count (g) runs too."""
+    return ConsumerConfig(
         bootstrap_servers=bootstrap,
         topics=(topic,),
         control_topic=control,
@@ -115,6 +113,10 @@ def consume_job(
         trigger_ms=CONSUME_TRIGGER_MS,
         metrics_port=None,
     )
+
+
+def consume_job(spark: SparkSession, config: ConsumerConfig, *, total: int) -> float:
+    """(d): ``slackwater consume`` until it has read all ``total`` records, in seconds."""
     started = time.perf_counter()
     job = start(spark, config)
     job.query.processAllAvailable()
@@ -213,18 +215,12 @@ def main() -> None:
             .outputMode("append")
             .option("checkpointLocation", str(tmp / "f"))
         )
-        window_count = (
+        # consume's own window count (job.windows), on a plain watermark.
+        window_count = windows(
             source()
             .filter(F.col("topic").isNotNull())  # no synthetic row: a plain watermark
-            .withWatermark("event_time", "2 seconds")
-            .groupBy(F.window("event_time", "10 seconds").alias("window"), "key")
-            .count()
-            .select(
-                F.col("window.start").alias("window_start"),
-                F.col("window.end").alias("window_end"),
-                F.col("key").cast("string"),
-                "count",
-            )
+            .withWatermark("event_time", "2 seconds"),
+            consume_config(bootstrap, topic, control, tmp),
         )
         spark.conf.set(
             "spark.sql.streaming.stateStore.providerClass",
@@ -252,9 +248,8 @@ def main() -> None:
         runs: dict[str, list[float]] = {"g": [], "d": []}
         for repeat in range(args.repeats):
             runs["g"].append(plain_job(f"g{repeat}"))
-            runs["d"].append(
-                consume_job(spark, bootstrap, topic, control, tmp / f"d{repeat}", total=total)
-            )
+            config = consume_config(bootstrap, topic, control, tmp / f"d{repeat}")
+            runs["d"].append(consume_job(spark, config, total=total))
         seconds["g"], seconds["d"] = (statistics.median(runs[k]) for k in ("g", "d"))
         spark.stop()
         print("runs of (g) s:", *(f"{s:.1f}" for s in runs["g"]))

@@ -166,3 +166,24 @@ def known_offset(offset: int) -> bool:
     for a consumer's watermarks: never a log end, a log start or a position to judge
     by."""
     return offset >= 0
+
+
+# Not an answer: a request the broker did not answer (the connection lost, no broker
+# reached, the request timed out, the controller moved) tells nothing of what it asked.
+_NOT_ANSWERED = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+    }
+)
+
+
+def not_answered(error: KafkaError) -> bool:
+    """A request's error that is no answer (or one Kafka calls retriable): the request is
+    asked again, never judged. Seen: the planner's CreateTopics of its progress topic
+    failed with _TRANSPORT while a cluster's node went down, and ended the query at its
+    start instead of waiting for the broker."""
+    return error.code() in _NOT_ANSWERED or bool(error.retriable())

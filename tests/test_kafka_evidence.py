@@ -17,6 +17,7 @@ from slackwater.kafka_evidence import (
     log_end_went_back,
     lower_end,
     missing_topic_event,
+    not_answered,
     partition_missing,
     records_gone,
     says_topic_missing,
@@ -237,3 +238,23 @@ def test_an_unknown_answer_never_makes_records_gone(
     """Rule 5 over rule 4: with either end unknown, nothing is gone."""
     if log_start < 0 or log_end < 0:
         assert records_gone(position, log_start, log_end, known_end) is None
+
+
+def test_a_request_not_answered_tells_nothing_and_is_asked_again() -> None:
+    for code in (
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+    ):
+        assert not_answered(KafkaError(code)), code
+    # Answers: the broker refused, or judged the request; asking again changes nothing.
+    for code in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_REPLICATION_FACTOR,
+        KafkaError.INVALID_CONFIG,
+    ):
+        assert not not_answered(KafkaError(code)), code

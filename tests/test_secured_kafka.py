@@ -848,6 +848,16 @@ MISSING_RIGHTS = {
 READERS_RIGHTS = {"read the data topic", "write the progress topic"}
 
 
+def _as_orders_job(node: KafkaBroker, topics: Topics) -> dict[str, str]:
+    """The source's options on ``topics`` as docs/deploy.md's job principal."""
+    return options(
+        node.bootstrap_servers,
+        topics.data,
+        topics.control,
+        **source_config(credentials("orders-job")),
+    )
+
+
 @pytest.mark.parametrize("missing", sorted(MISSING_RIGHTS))
 def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
     secured: KafkaBroker, topics: Topics, missing: str
@@ -863,12 +873,7 @@ def test_a_source_without_a_right_it_needs_fails_in_one_line_naming_it(
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
     write.marker(1, IDLE)
-    given = options(
-        secured.bootstrap_servers,
-        topics.data,
-        topics.control,
-        **source_config(credentials("orders-job")),
-    )
+    given = _as_orders_job(secured, topics)
     try:
         # The first plan, or the first batch's reading, ends with one line; never a wait
         # for a topic "not created yet", and never a query without markers.
@@ -902,12 +907,7 @@ def test_a_data_topic_the_source_may_not_describe_is_waited_for_until_read_then_
     _change_acls(admin, False, data_rights)
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
-    given = options(
-        secured.bootstrap_servers,
-        topics.data,
-        topics.control,
-        **source_config(credentials("orders-job")),
-    )
+    given = _as_orders_job(secured, topics)
     refused = f"not authorized as 'orders-job' to describe topic {topics.data}: "
     driven = Driven.start(given)
     try:
@@ -957,12 +957,7 @@ def test_progress_refused_between_plans_then_allowed_again_ends_no_plan(
     assert read_progress
     write = Writer(secured.bootstrap_servers, topics.data, topics.control, credentials("admin"))
     write.data(0, 1, 2)
-    given = options(
-        secured.bootstrap_servers,
-        topics.data,
-        topics.control,
-        **source_config(credentials("orders-job")),
-    )
+    given = _as_orders_job(secured, topics)
     driven = Driven.start(given)
     try:
         driven.step()  # reads [0, 2); its progress is written

@@ -341,6 +341,9 @@ class PlannerBroker:
         try:
             kafka_clients.create_topic(self.admin, made, self._timeout_s)
         except KafkaException as error:
+            reason = error.args[0] if error.args else None
+            if isinstance(reason, KafkaError) and kafka_evidence.not_answered(reason):
+                raise  # the broker is away, not a refusal: its callers wait for it
             raise self.options.refused(
                 error.args[0], f"create progress topic {name}"
             ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
