@@ -77,8 +77,8 @@ class PlannerBroker:
         self.topic_ids = self.gone.topic_ids
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
-        # The ListOffsets requests last built, by spec: (partitions, requests).
-        self._built: dict[tuple[str, str], tuple[tuple[Key, ...], list[OffsetsRequest]]] = {}
+        # The plan's ListOffsets requests: (the log ends asked, the spec, their requests).
+        self._built: tuple[list[Key], str, list[OffsetsRequest]] | None = None
         # The log ends a plan asks, by the partition counts they were made of.
         self._asked_shape: tuple[tuple[Any, int], list[Key]] | None = None
 
@@ -268,21 +268,20 @@ class PlannerBroker:
             return Answers(), dict.fromkeys(partitions, name)
 
     def _requests(self, partitions: list[Key], spec_name: str) -> list[OffsetsRequest]:
-        """The requests of ``partitions``, REQUEST_PARTITIONS each, built once for as long
-        as the partitions asked stay the same (every plan asks the same log ends)."""
-        asked = tuple(partitions)
-        # By spec and first topic: the progress topic's, asked now and then, are kept
-        # beside the plan's (a plan's first topic is a subscribed one).
-        kind = (spec_name, asked[0][0] if asked else "")
-        built = self._built.get(kind)
-        if built is None or built[0] != asked:
-            spec = getattr(OffsetSpec, spec_name)()
-            requests = [
-                OffsetsRequest(asked[i : i + REQUEST_PARTITIONS], spec)
-                for i in range(0, len(asked), REQUEST_PARTITIONS)
-            ]
-            built = self._built[kind] = (asked, requests)
-        return built[1]
+        """The requests of ``partitions``, REQUEST_PARTITIONS each. The plan's log ends
+        (``_log_ends_asked``'s list, the same while the partition counts stay the same)
+        are built once; any other question (a few partitions, now and then) for itself."""
+        built = self._built
+        if built is not None and built[0] is partitions and built[1] == spec_name:
+            return built[2]
+        spec = getattr(OffsetSpec, spec_name)()
+        requests = [
+            OffsetsRequest(partitions[i : i + REQUEST_PARTITIONS], spec)
+            for i in range(0, len(partitions), REQUEST_PARTITIONS)
+        ]
+        if self._asked_shape is not None and partitions is self._asked_shape[1]:
+            self._built = (partitions, spec_name, requests)
+        return requests
 
     def _list_offsets_once(
         self, partitions: list[Key], spec_name: str
