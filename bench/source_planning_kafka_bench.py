@@ -15,6 +15,13 @@ Each size is measured once per ``--request-partitions``, the partitions per List
 request (``broker.REQUEST_PARTITIONS``; 100000: one request for all), in one run, so
 that their ratio holds on a machine busy with other work.
 
+``--phases``: where the median plan's time goes, step by step (semantics.md §6's
+invoking chain), each step timed around its call in every counted round: the Kafka
+requests (``observe``: metadata and ListOffsets), the readers' progress (``collect``:
+the wait, the read and decode of the progress records, a PartitionBatch per partition),
+following partitions, the markers, the aligner, the offset (``make_offset``, the
+aligner's snapshot in it, and the version 2 columns ``returned`` encodes), the rest.
+
 Also the offset's size as Spark logs it (pyspark's ``json.dumps`` of it), per partition,
 beside what Spark's own Kafka source logs for the same end offsets: its
 ``KafkaSourceOffset``, ``{"topic":{"partition":offset,...}}`` in compact JSON.
@@ -23,9 +30,13 @@ beside what Spark's own Kafka source logs for the same end offsets: its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -33,11 +44,17 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
+from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source import broker as planner_broker
+from spark_consumer.source import partitions as planner_partitions
+from spark_consumer.source import planner as planner_module
+from spark_consumer.source.control_reader import ControlReader
 from spark_consumer.source.offset import SourceOffset
 from spark_consumer.source.options import SourceOptions
+from spark_consumer.source.plan import PlanMemory
 from spark_consumer.source.planner import SlackwaterStreamReader
 from spark_consumer.source.progress import Progress
+from spark_consumer.source.progress_collector import ProgressCollector
 from spark_consumer.source.splits import SyntheticPartition, TaskPartition
 
 
@@ -80,7 +97,45 @@ def _write_progress(
     assert producer.flush(120) == 0
 
 
-def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float, int, int]:
+# The steps --phases times: (what owns it, the name of the call, the step's name).
+STEPS: list[tuple[Any, str, str]] = [
+    (planner_broker.PlannerBroker, "observe", "Kafka requests"),
+    (ProgressCollector, "collect", "progress"),
+    (planner_partitions, "follow", "follow partitions"),
+    (ControlReader, "read", "markers"),
+    (MarkerAligner, "advance", "aligner"),
+    (planner_module, "make_offset", "offset"),
+    (PlanMemory, "returned", "offset"),
+]
+
+
+@contextlib.contextmanager
+def timed_steps(spent: dict[str, float]) -> Iterator[None]:
+    """Each step's milliseconds added into ``spent`` while inside (the calls restored)."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in STEPS]
+
+    def timing(call: Callable[..., Any], step: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[step] += (time.perf_counter() - started) * 1000
+
+        return timed
+
+    for (owner, name, step), (_, _, call) in zip(STEPS, originals, strict=True):
+        setattr(owner, name, timing(call, step))
+    try:
+        yield
+    finally:
+        for owner, name, call in originals:
+            setattr(owner, name, call)
+
+
+def measure(
+    bootstrap: str, partitions: int, rounds: int, phases: list[dict[str, float]] | None = None
+) -> tuple[float, float, int, int]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics, per_topic = create_led(admin, "plan", partitions)
     [control], _ = create_led(admin, "plan-ctl", 1)
@@ -99,11 +154,15 @@ def measure(bootstrap: str, partitions: int, rounds: int) -> tuple[float, float,
     offset_bytes = sparks_bytes = 0
     for round_ in range(rounds + 1):
         _write_records(producer, topics, per_topic, round_)
-        started = time.perf_counter()
-        end = reader.latestOffset(start, ReadAllAvailable())
-        elapsed_ms = (time.perf_counter() - started) * 1000
+        spent: dict[str, float] = defaultdict(float)
+        with timed_steps(spent) if phases is not None else contextlib.nullcontext():
+            started = time.perf_counter()
+            end = reader.latestOffset(start, ReadAllAvailable())
+            elapsed_ms = (time.perf_counter() - started) * 1000
         if round_ > 0:
             timings.append(elapsed_ms)
+            if phases is not None:
+                phases.append({**spent, "rest": elapsed_ms - sum(spent.values())})
         offset_bytes = len(json.dumps(end))
         sparks_bytes = len(json.dumps(SourceOffset.decode(end).data, separators=(",", ":")))
         _write_progress(producer, reader, start, end)
@@ -120,6 +179,7 @@ def main() -> None:
     parser.add_argument(
         "--request-partitions", type=int, nargs="+", default=[planner_broker.REQUEST_PARTITIONS]
     )
+    parser.add_argument("--phases", action="store_true", help="where each plan's time goes")
     args = parser.parse_args()
     print(
         f"{'partitions':>10} {'per request':>11} {'median ms':>10} {'max ms':>8} {'offset KiB':>11}"
@@ -130,8 +190,9 @@ def main() -> None:
         for partitions in args.partitions:
             for per_request in args.request_partitions:
                 planner_broker.REQUEST_PARTITIONS = per_request
+                phases: list[dict[str, float]] | None = [] if args.phases else None
                 median_ms, max_ms, size, sparks = measure(
-                    broker.bootstrap_servers, partitions, args.rounds
+                    broker.bootstrap_servers, partitions, args.rounds, phases
                 )
                 print(
                     f"{partitions:>10,} {per_request:>11,} {median_ms:>10.1f} {max_ms:>8.1f}"
@@ -140,6 +201,16 @@ def main() -> None:
                     f" {size / sparks:>6.2f}",
                     flush=True,
                 )
+                if phases:
+                    _print_phases(phases)
+
+
+def _print_phases(phases: list[dict[str, float]]) -> None:
+    """Each step's median ms over the counted rounds."""
+    steps = list(dict.fromkeys([*(step for _, _, step in STEPS), "rest"]))
+    for step in steps:
+        median_ms = statistics.median(p.get(step, 0.0) for p in phases)
+        print(f"{'':>10} {step:>24} {median_ms:>8.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

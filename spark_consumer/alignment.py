@@ -50,9 +50,10 @@ class MarkerOutcome(enum.StrEnum):
     ALREADY_FINISHED = "already_finished"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PartitionBatch:
-    """What Spark computed for one data partition in one micro-batch."""
+    """What Spark computed for one data partition in one micro-batch. Slots, not frozen:
+    the planner makes one per partition every plan (as ``progress.Progress``)."""
 
     records: int = 0
     # Newest readable event time (ms) among the batch's records; None if none.

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from slackwater import kafka_evidence
-from spark_consumer.alignment import PartitionBatch
+from spark_consumer.alignment import NO_OFFSET, PartitionBatch
 from spark_consumer.source.broker import PLANNER_GROUP, BrokerView, PlannerBroker
 from spark_consumer.source.offset import Offsets, SourceOffset
 from spark_consumer.source.options import GONE_CHECK_S, SourceError, SourceOptions, channel
@@ -345,11 +345,10 @@ def partition_batches(
                 )
                 continue
             seen = found.get(key)
-            batch[channel(topic, partition)] = PartitionBatch(
-                records=seen.records if seen else 0,
-                max_event_time_ms=seen.max_event_time_ms if seen else None,
-                max_offset=seen.max_offset if seen else -1,
-                read_position=read_position,
+            batch[channel(topic, partition)] = (
+                PartitionBatch(seen.records, seen.max_event_time_ms, seen.max_offset, read_position)
+                if seen is not None
+                else PartitionBatch(0, None, NO_OFFSET, read_position)
             )
     return batch
 
