@@ -448,7 +448,7 @@ def _measure(spark: SparkSession, bootstrap: str, args: argparse.Namespace) -> N
     log = Path(tempfile.mkdtemp(prefix="slackwater-memory-emit-")) / "emit.log"
     emitter, port = _start_emitter(bootstrap, topics, control, args, log)
     run = Run(spark, _jvm(spark), emitter, log, port, [])
-    query, started_s = None, time.monotonic()
+    query, started_s, code = None, time.monotonic(), None
     try:
         query = _start_query(spark, bootstrap, topics, control, args.trigger_ms)
         for target in sorted(args.sample_at):
@@ -456,13 +456,14 @@ def _measure(spark: SparkSession, bootstrap: str, args: argparse.Namespace) -> N
         ended = (_wait_for_batch(query, args.batches, run), time.monotonic())
         stop_writer.set()
         writer.join(60)
-        _stop_emitter(emitter)
+        code = _stop_emitter(emitter)
         _wait_quiet(query)
     finally:
         stop_writer.set()
         if query is not None:
             query.stop()
-        code = _stop_emitter(emitter)
+        if emitter.returncode is None:  # stopped above unless the run failed first
+            code = _stop_emitter(emitter)
         writer.join(60)
     _report(run.samples, started_s, ended)
     print(

@@ -169,7 +169,7 @@ class ProgressCollector:
             # what is still wanted returns as soon as it has come.
             asked = min(len(wanted), 10_000)
             messages = self._consumer.consume(num_messages=asked, timeout=0.2)
-            missing_topic = self._take(messages, wanted, found, plan, at_end, kept=kept)
+            missing_topic = self._take(messages, wanted, found, plan, kept=kept)
             # The ends reported hold once nothing more is queued (an end kept from the
             # last wait may stand before records fetched since, on another partition).
             read_to_end = len(messages) < asked and at_end >= set(positions)
@@ -194,7 +194,6 @@ class ProgressCollector:
         wanted: dict[str, Task],
         found: Found,
         plan: Plan,
-        at_end: set[int],
         *,
         kept: bool,
     ) -> bool:
@@ -202,6 +201,7 @@ class ProgressCollector:
         notes the partitions read to their end; True if the topic was reported missing.
         An error on a ``kept`` assignment is _HeldError: it may be from between plans."""
         missing_topic = False
+        at_end = self._at_end
         for message in messages:
             error = message.error()
             if error is not None:
