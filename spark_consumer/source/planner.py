@@ -137,7 +137,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # while the run owes records (a partition's leader down) it asks again instead.
         while True:
             planned = self._plan(start_json, limit)
-            planner_process.settled()  # (after the first plan: its state is built)
+            if planned is not start_json:
+                planner_process.settled()  # a whole plan ran: its clients and state are built
             if planned is not start_json or not self.run.owes_records(
                 self._memory.decoded(start_json)
             ):

@@ -9,7 +9,7 @@ wherever it waits (a Kafka request, the progress wait, the socket between calls)
 runner's ``finally`` runs ``stop``; ``stop`` then ends the process (``end_if_asked``), with
 no report to a socket Spark has closed and no traceback.
 
-After its first plan the process's objects so far (pyspark's, py4j's, the Kafka
+After its first whole plan the process's objects so far (pyspark's, py4j's, the Kafka
 clients', the first plan's state) leave the garbage collector's generations
 (``settled``): they live as long as the process, and a full collection scanning them
 took 35-45 ms of a plan every few plans at 1,000 partitions (docs/performance.md).
@@ -58,11 +58,13 @@ def stop_on_sigterm() -> None:
 
 
 def settled() -> None:
-    """In Spark's planner process, once, after its first plan: the objects it holds so far
-    are frozen out of the collector's generations (``gc.freeze``). Refcounting still frees
-    any of them dropped later; only a cycle among them would stay (one plan's, at most)."""
+    """In Spark's planner process, once, after its first whole plan: the objects it holds
+    so far are frozen out of the collector's generations (``gc.freeze``), after one full
+    collection (garbage in a cycle then would stay for the process's life). Refcounting
+    still frees any of them dropped later; only a cycle among them would stay."""
     if not _Asked.settled and in_planner_process():
         _Asked.settled = True
+        gc.collect()
         gc.freeze()
 
 

@@ -91,7 +91,8 @@ def task_progress_key(
 
 @dataclass(frozen=True)
 class TaskProgress:
-    """What a reader task saw in each of its ranges (in the task's order), as columns."""
+    """What a reader task saw in each of its ranges (in the task's order), as columns.
+    Not hashable, though frozen: the ``Progress`` it holds are not."""
 
     ranges: tuple[Progress, ...]
     batch_id: int | None = None
