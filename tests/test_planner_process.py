@@ -1,5 +1,5 @@
 """The planner's process (planner_process.py): its objects leave the collector's
-generations once, after the first plan, and only in Spark's planner process."""
+generations once, after the first whole plan, and only in Spark's planner process."""
 
 from __future__ import annotations
 

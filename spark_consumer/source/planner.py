@@ -139,9 +139,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             planned = self._plan(start_json, limit)
             if planned is not start_json:
                 planner_process.settled()  # a whole plan ran: its clients and state are built
-            if planned is not start_json or not self.run.owes_records(
-                self._memory.decoded(start_json)
-            ):
+                return planned
+            if not self.run.owes_records(self._memory.decoded(start_json)):
                 return planned
             time.sleep(1.0)
 
