@@ -10,12 +10,16 @@ STAMP := $(VENV)/.installed
 JARS := .jars/.fetched
 POMS := deploy/jars/pom.xml deploy/jars/kafka-broker/pom.xml deploy/jars/spark-kafka/pom.xml
 
-.PHONY: demo test check-tools test-tools jars lint typecheck unit bench clean
+.PHONY: demo test quick check-tools test-tools jars lint typecheck all-tests bench clean
 
 demo: check-tools $(STAMP) $(JARS)
 	$(BIN)/slackwater demo
 
-test: check-tools test-tools $(STAMP) $(JARS) lint typecheck unit
+test: check-tools test-tools $(STAMP) $(JARS) lint typecheck all-tests
+
+# The pure tests alone (tests/pure: no broker, no Spark), in under a minute.
+quick: check-tools $(STAMP)
+	$(BIN)/python -m pytest tests/pure
 
 jars: $(JARS)
 
@@ -49,7 +53,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# Every test: tests/pure, tests/kafka, tests/spark, tests/cluster.
+all-tests: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP) $(JARS)

@@ -1,7 +1,8 @@
 """Shared fixtures: one Apache Kafka broker per test session, fresh topics per test.
 
-Every test that uses the broker (or Spark, which uses it) is marked ``integration``, so
-``pytest -m "not integration"`` runs the unit tests alone, in seconds.
+The tests live in folders by what they start (``pure``, ``kafka``, ``spark``, ``cluster``);
+their harness in ``harness``. The folder sets the marks: ``pytest tests/pure`` (``make
+quick``) runs the tests that start nothing, in under a minute.
 """
 
 from __future__ import annotations
@@ -23,21 +24,31 @@ from slackwater.kafka_cluster import KafkaCluster
 from spark_consumer.source import reader_clients
 
 if TYPE_CHECKING:
-    from tests.emitter_harness import RunningEmitter
+    from tests.harness.emitter import RunningEmitter
+
+
+# The secured node's fixtures (``secured``, ``certificates``, ``topics``) for the tests
+# that need one, beside this module's.
+pytest_plugins = ["tests.harness.secured"]
+
+# A test's folder says what it starts, and marks it so: ``pure`` starts nothing (no
+# broker, no Spark; ``make quick``), ``kafka`` starts Apache Kafka, ``spark`` Spark on
+# Kafka, ``cluster`` three Kafka nodes.
+INTEGRATION_FOLDERS = {"kafka", "spark", "cluster"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if {"broker", "cluster", "secured"} & set(fixtures):
+        folder = Path(str(item.fspath)).parent.name
+        if folder in INTEGRATION_FOLDERS:
             item.add_marker(pytest.mark.integration)
-        if "cluster" in fixtures:
+        if folder == "cluster":
             item.add_marker(pytest.mark.cluster)
 
 
 # Everything not here is Apache Kafka's default.
 TEST_BROKER_SETTINGS = {
-    # Tests write fixed event times (2023, tests/pipeline_harness.BASE_MS) as record
+    # Tests write fixed event times (2023, tests/harness/kafka_writer.BASE_MS) as record
     # timestamps; time-based retention (7 days) would delete them 30 s after start.
     "log.retention.ms": "-1",
     # The log cleaner looks for dirty logs every 15 s; the compaction test need not wait.
@@ -143,7 +154,7 @@ EmitterFactory = Callable[..., "RunningEmitter"]
 @pytest.fixture
 def emitters(broker: KafkaBroker) -> Iterator[EmitterFactory]:
     """Starts emitters on the session broker; stops every one, also when a test fails."""
-    from tests.emitter_harness import start_emitter
+    from tests.harness.emitter import start_emitter
 
     started: list[RunningEmitter] = []
 
