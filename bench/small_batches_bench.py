@@ -43,7 +43,7 @@ from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume.job import spark_session
 from spark_consumer.source import read_stream
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.wire.offset import SourceOffset
 
 TRIGGER = "200 milliseconds"
 

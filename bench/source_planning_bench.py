@@ -20,7 +20,7 @@ import statistics
 import time
 
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.wire.offset import SourceOffset
 
 
 def channel_of(marker: object) -> str | None:

@@ -12,7 +12,7 @@ simulated here, since the reader tasks are Spark's part), then times one
 of every range's progress, the markers, the valve, the offset's JSON. The first round
 (no previous batch, nothing to wait for) is not counted. Median and max of --rounds.
 Each size is measured once per ``--request-partitions``, the partitions per ListOffsets
-request (``broker.REQUEST_PARTITIONS``; 100000: one request for all), in one run, so
+request (``planner_client.REQUEST_PARTITIONS``; 100000: one request for all), in one run, so
 that their ratio holds on a machine busy with other work.
 
 ``--phases``: where the median plan's time goes, step by step (semantics.md §6's
@@ -45,17 +45,16 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from bench.topics import create_led
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.alignment import MarkerAligner
-from spark_consumer.source import broker as planner_broker
-from spark_consumer.source import partitions as planner_partitions
-from spark_consumer.source import planner as planner_module
-from spark_consumer.source.control_reader import ControlReader
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.plan import PlanMemory
-from spark_consumer.source.planner import SlackwaterStreamReader
-from spark_consumer.source.progress import Progress
-from spark_consumer.source.progress_collector import ProgressCollector
-from spark_consumer.source.splits import SyntheticPartition, TaskPartition
+from spark_consumer.source.driver import planner as planner_module
+from spark_consumer.source.driver import planner_client, topic_partitions
+from spark_consumer.source.driver.control_reader import ControlReader
+from spark_consumer.source.driver.plan import PlanMemory
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.driver.progress_collector import ProgressCollector
+from spark_consumer.source.shared.options import SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
+from spark_consumer.source.wire.progress import Progress
+from spark_consumer.source.wire.splits import SyntheticPartition, TaskPartition
 
 
 def _write_records(producer: Producer, topics: list[str], per_topic: int, round_: int) -> None:
@@ -99,9 +98,9 @@ def _write_progress(
 
 # The steps --phases times: (what owns it, the name of the call, the step's name).
 STEPS: list[tuple[Any, str, str]] = [
-    (planner_broker.PlannerBroker, "observe", "Kafka requests"),
+    (planner_client.PlannerClient, "observe", "Kafka requests"),
     (ProgressCollector, "collect", "progress"),
-    (planner_partitions, "follow", "follow partitions"),
+    (topic_partitions, "follow", "follow partitions"),
     (ControlReader, "read", "markers"),
     (MarkerAligner, "advance", "aligner"),
     (planner_module, "make_offset", "offset"),
@@ -177,7 +176,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", default=[1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument(
-        "--request-partitions", type=int, nargs="+", default=[planner_broker.REQUEST_PARTITIONS]
+        "--request-partitions", type=int, nargs="+", default=[planner_client.REQUEST_PARTITIONS]
     )
     parser.add_argument("--phases", action="store_true", help="where each plan's time goes")
     args = parser.parse_args()
@@ -189,7 +188,7 @@ def main() -> None:
     with KafkaBroker(settings={"log.retention.ms": "-1"}) as broker:
         for partitions in args.partitions:
             for per_request in args.request_partitions:
-                planner_broker.REQUEST_PARTITIONS = per_request
+                planner_client.REQUEST_PARTITIONS = per_request
                 phases: list[dict[str, float]] | None = [] if args.phases else None
                 median_ms, max_ms, size, sparks = measure(
                     broker.bootstrap_servers, partitions, args.rounds, phases

@@ -72,7 +72,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_demo_producer(args: argparse.Namespace) -> int:
-    from demo.live_demo import DemoState, produce_script
+    from demo.live_demo import DemoState
+    from demo.producer_script import produce_script
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = stop_on_signals("demo-producer")  # the script checks it between records

@@ -6,18 +6,9 @@ the emitter sidecar (in a thread) and the Spark consumer (local SparkSession).
 A live terminal view shows each partition as the emitter and the consumer
 see it, the valve, windows and late records; a summary follows.
 
-Script, as shares of ``--duration`` D, in rounds of one record per writing
-partition every 1/8 s (event time = wall clock when the round starts, every
-record up to 0.8 s out of order, within the 1 s bound):
-
-    0 ........ 0.2D ........ 0.25D .... 0.35D ........ 0.6D ........ D
-    p0-p4, p6: steady traffic all along; p3's upstream is slow: it delivers
-               each record 80 rounds (10 s at the script's pace, more when
-               the machine is slower) after its event time (Spark's Kafka
-               source with withWatermark drops them as late (--compare),
-               the valve waits for them)
-    p5:  traffic | quiet (the emitter marks it IDLE)   | traffic again
-    p7:  traffic ............ | stops | finished with `slackwater finish`
+The script (producer_script.py): steady traffic on p0-p4 and p6, p3's records
+delivered late by a slow upstream, p5 quiet for a while (IDLE), p7 stopped and
+finished with `slackwater finish`.
 
 Why plain Spark's loss (--compare) does not depend on the machine's speed: see
 ``PLAIN_SPARK_MAX_OFFSETS`` below, and docs/decisions.md.
@@ -27,13 +18,10 @@ from __future__ import annotations
 
 import gc
 import logging
-import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -45,6 +33,14 @@ from rich.live import Live
 from rich.table import Table
 
 from demo.chart import Sample, write_chart
+from demo.producer_script import (
+    CONTROL_TOPIC,
+    DATA_TOPIC,
+    LAGGING,
+    PARTITIONS,
+    QUIET,
+    produce_script,
+)
 from emitter.config import EmitterConfig
 from emitter.service import Emitter
 from slackwater import kafka_clients
@@ -62,12 +58,6 @@ from spark_consumer.consume.job import (
 from spark_consumer.source.metrics import offsets_in, partitions_of
 from spark_consumer.valve import MAX_WATERMARK, MIN_WATERMARK
 
-PARTITIONS = 8
-QUIET, FINISHED_PARTITION, LAGGING = 5, 7, 3
-ROUND_MS = 125  # one record per writing partition per round: 8 a second each
-LAG_ROUNDS = 80  # p3's records reach Kafka 80 rounds (>= 10 s) after their event time
-MAX_JITTER_MS = 800  # every record's event time is up to 0.8 s before its round's
-DATA_TOPIC, CONTROL_TOPIC = "demo-events", "demo-control"
 WINDOW_MS, OUT_OF_ORDERNESS_MS = 5_000, 1_000
 # --compare: plain Spark reads with maxOffsetsPerTrigger, as production jobs do. Spark
 # drops a row of batch N when its window ended by the watermark of batch N-1 (SPARK-40925),
@@ -137,115 +127,6 @@ class DemoState:
                         },
                     )
                 )
-
-
-class Script:
-    """The demo's input, round by round (module docstring): which partitions write in a
-    round and the event times they stamp. p3's upstream holds every record for
-    ``LAG_ROUNDS`` rounds; it starts that far behind (its first records carry the
-    event times of the rounds before the first one), so p0-p4, p3 and p6 each write
-    exactly one record in every round."""
-
-    def __init__(self, duration_s: float, seed: int = 42) -> None:
-        self.duration_s = duration_s
-        self._rng = random.Random(seed)
-        self._lagging: deque[int] = deque()  # p3's stamps, oldest first
-
-    def writers(self, elapsed_s: float) -> list[int]:
-        """The partitions that write in a round starting ``elapsed_s`` into the script."""
-        quiet = 0.2 * self.duration_s <= elapsed_s < 0.6 * self.duration_s
-        ended = elapsed_s >= 0.25 * self.duration_s
-        return [
-            p
-            for p in range(PARTITIONS)
-            if not (p == QUIET and quiet) and not (p == FINISHED_PARTITION and ended)
-        ]
-
-    def round(self, elapsed_s: float, stamp_ms: int) -> list[tuple[int, int]]:
-        """(partition, event time ms) of the records of the round that starts
-        ``elapsed_s`` into the script, stamped ``stamp_ms`` (rounds at least ``ROUND_MS``
-        apart)."""
-        if not self._lagging:  # the first round
-            self._lagging.extend(stamp_ms - (LAG_ROUNDS - k) * ROUND_MS for k in range(LAG_ROUNDS))
-        self._lagging.append(stamp_ms)
-        records = []
-        for partition in self.writers(elapsed_s):
-            stamp = self._lagging.popleft() if partition == LAGGING else stamp_ms
-            records.append((partition, stamp - self._rng.randrange(0, MAX_JITTER_MS)))
-        return records
-
-
-def produce_script(
-    bootstrap: str,
-    duration_s: float,
-    state: DemoState,
-    stop: threading.Event,
-    *,
-    topic: str = DATA_TOPIC,
-    control_topic: str = CONTROL_TOPIC,
-) -> None:
-    """The demo's producer script (module docstring), from now for ``duration_s``: a
-    round every ``ROUND_MS``, or as soon as the last one is written when that took longer."""
-    started_ns = time.monotonic_ns()
-    # Stamps are the wall clock at the start, advanced by the monotonic clock: rounds at
-    # least ROUND_MS apart are stamped at least ROUND_MS apart.
-    epoch_ms = time.time_ns() // 1_000_000
-    producer = kafka_clients.producer("demo-producer", bootstrap, ours={"linger.ms": 0})
-    script = Script(duration_s)
-    finish_sent = False
-    while not stop.is_set():
-        round_ns = time.monotonic_ns()
-        elapsed = (round_ns - started_ns) / 1e9
-        if elapsed >= duration_s:
-            break
-        for partition, event_ms in script.round(
-            elapsed, epoch_ms + (round_ns - started_ns) // 1_000_000
-        ):
-            producer.produce(
-                topic,
-                key=f"sensor-{partition}".encode(),
-                value=b"{}",
-                partition=partition,
-                timestamp=event_ms,
-            )
-            with state.lock:
-                state.produced[partition] += 1
-        # One round of records acknowledged before the next (so every partition's log
-        # end is within one round of the others'); a stop request is seen within half a
-        # second even while the broker cannot be reached.
-        while producer.flush(0.5) > 0 and not stop.is_set():
-            pass
-        if not finish_sent and elapsed >= 0.35 * duration_s:
-            # The real command, as an operator would run it.
-            finish = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "slackwater.cli",
-                    "finish",
-                    "--bootstrap-servers",
-                    bootstrap,
-                    "--control-topic",
-                    control_topic,
-                    "--topic",
-                    topic,
-                    "--partition",
-                    str(FINISHED_PARTITION),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            finish_sent = True
-            outcome = "ok" if finish.returncode == 0 else f"failed: {finish.stderr.strip()}"
-            with state.lock:
-                state.events.append(
-                    f"{elapsed:5.1f}s  slackwater finish p{FINISHED_PARTITION}: {outcome}"
-                )
-        next_round_ns = round_ns + ROUND_MS * 1_000_000
-        while not stop.is_set() and (left_ns := next_round_ns - time.monotonic_ns()) > 0:
-            stop.wait(left_ns / 1e9)
 
 
 def _clock(ms: int) -> str:
@@ -318,13 +199,7 @@ def run_live_demo(
         # Spark took to start (and no empty partition is marked IDLE meanwhile).
         _wait_for_trigger_loop(query)
         emitter_thread.start()
-        with state.lock:
-            state.started = time.monotonic()
-            state.samples.clear()  # the chart's time axis is the script's
-        producer = threading.Thread(
-            target=produce_script, args=(bootstrap, duration_s, state, stop), daemon=True
-        )
-        producer.start()
+        producer = _start_script(bootstrap, duration_s, state, stop)
         try:
             _watch(
                 console,
@@ -351,6 +226,21 @@ def run_live_demo(
             del emitter, query, plain, job  # their Kafka clients go before the broker does
             gc.collect()
     return _summary(console, state, markers, output_dir, failure)
+
+
+def _start_script(
+    bootstrap: str, duration_s: float, state: DemoState, stop: threading.Event
+) -> threading.Thread:
+    """The producer script, in a thread from now: the live view's clock and the chart's
+    time axis start with it."""
+    with state.lock:
+        state.started = time.monotonic()
+        state.samples.clear()  # the chart's time axis is the script's
+    producer = threading.Thread(
+        target=produce_script, args=(bootstrap, duration_s, state, stop), daemon=True
+    )
+    producer.start()
+    return producer
 
 
 def _create_data_topic(bootstrap: str) -> None:

@@ -3,8 +3,8 @@
 One round of requests per poll, never one request per partition (semantics.md §4): topic
 metadata (every metadata interval, and after a leader moved), ListOffsets(latest) for the
 watched partitions and, with a group, its committed offsets, in batches of 250, and the
-group's members' assignment. A failed request leaves its part of the :class:`BrokerView`
-empty; it never invents values.
+group's members' assignment. A failed request leaves its part of the
+:class:`PollAnswers` empty; it never invents values.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class _Batch:
 
 
 @dataclass
-class BrokerView:
+class PollAnswers:
     """What one poll read from the broker; None / empty where a request failed.
 
     ``topics`` is set only on polls that refreshed metadata (and it succeeded);
@@ -101,13 +101,37 @@ class BrokerObserver:
             lambda names: kafka_clients.topic_ids(self._admin, names, self._timeout_s)
         )
 
-    def observe(self, topics: Iterable[str], group: str | None) -> BrokerView:
-        view = BrokerView()
-        watched = list(topics)
+    def observe(self, topics: Iterable[str], group: str | None) -> PollAnswers:
+        """One poll's round of requests; see the module docstring."""
+        answers = PollAnswers()
+        if not self._read_metadata(answers, list(topics)):
+            return answers  # without metadata nothing else is trustworthy this poll
+        batches = self._batches
+        if not batches:
+            return answers
+        offsets_pending = [
+            self._submit("list_offsets", answers.errors, self._list_latest, batch.log_ends)
+            for batch in batches
+        ]
+        committed_pending: list[dict[str, Future[Any]] | None] = []
+        described: dict[str, Future[Any]] | None = None
+        if group is not None:
+            committed_pending, described = self._submit_group(group, batches, answers.errors)
+        answers.log_end_offsets = self._collect_log_ends(offsets_pending, answers.errors)
+        answers.reachable = answers.reachable or bool(answers.log_end_offsets)
+        if group is not None:
+            answers.committed_offsets = self._collect_committed(
+                group, committed_pending, answers.errors
+            )
+            answers.assignment = self._collect_assignment(group, described, answers.errors)
+        return answers
+
+    def _read_metadata(self, answers: PollAnswers, watched: list[str]) -> bool:
+        """Refreshes topics, partition counts and leaders when they are due: every
+        metadata interval, at every poll while a watched topic is missing, and at the poll
+        after one whose ListOffsets met a leader that moved. False when metadata was due
+        and could not be read."""
         counts = self._partition_counts
-        # Metadata (topics, partition counts, leaders) is refreshed every metadata
-        # interval, at every poll while a watched topic is missing, and at the poll
-        # after one whose ListOffsets met a leader that moved.
         due = (
             counts is None
             or len(counts) < len(watched)
@@ -118,9 +142,9 @@ class BrokerObserver:
             try:
                 metadata = self._admin.list_topics(timeout=self._timeout_s)
             except KafkaException as error:
-                view.errors["metadata"] = str(error.args[0] if error.args else error)
+                answers.errors["metadata"] = str(error.args[0] if error.args else error)
                 if due:
-                    return view  # without metadata nothing else is trustworthy this poll
+                    return False
                 # Asked only for the leaders: the partitions known still hold.
         if metadata is not None:
             counts = kafka_clients.partition_counts(metadata, watched)
@@ -128,43 +152,34 @@ class BrokerObserver:
                 self._batches = self._batches_of(counts)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
             self._known.learn_topics(counts)
-            view.topics, view.reachable = counts, True
-            view.unseen_topics = self._unseen(metadata, watched, view.errors)
-        batches = self._batches
-        if not batches:
-            return view
-        offsets_pending = [
-            self._submit("list_offsets", view.errors, self._list_latest, batch.log_ends)
-            for batch in batches
-        ]
-        committed_pending: list[dict[str, Future[Any]] | None] = []
-        described: dict[str, Future[Any]] | None = None
-        if group is not None:
-            # In the same batches as ListOffsets. (One request without a partition list,
-            # "every partition the group committed", measured 7x the CPU at 10,000.)
-            committed_pending = [
-                self._submit(
-                    "group_offsets",
-                    view.errors,
-                    self._admin.list_consumer_group_offsets,
-                    [ConsumerGroupTopicPartitions(group, batch.committed)],
-                    request_timeout=self._timeout_s,
-                )
-                for batch in batches
-            ]
-            described = self._submit(
-                "describe_group",
-                view.errors,
-                self._admin.describe_consumer_groups,
-                [group],
+            answers.topics, answers.reachable = counts, True
+            answers.unseen_topics = self._unseen(metadata, watched, answers.errors)
+        return True
+
+    def _submit_group(
+        self, group: str, batches: list[_Batch], errors: dict[str, str]
+    ) -> tuple[list[dict[str, Future[Any]] | None], dict[str, Future[Any]] | None]:
+        """The group's committed offsets, in the same batches as ListOffsets (one request
+        without a partition list, "every partition the group committed", measured 7x the
+        CPU at 10,000), and its description."""
+        committed_pending = [
+            self._submit(
+                "group_offsets",
+                errors,
+                self._admin.list_consumer_group_offsets,
+                [ConsumerGroupTopicPartitions(group, batch.committed)],
                 request_timeout=self._timeout_s,
             )
-        view.log_end_offsets = self._collect_log_ends(offsets_pending, view.errors)
-        view.reachable = view.reachable or bool(view.log_end_offsets)
-        if group is not None:
-            view.committed_offsets = self._collect_committed(group, committed_pending, view.errors)
-            view.assignment = self._collect_assignment(group, described, view.errors)
-        return view
+            for batch in batches
+        ]
+        described = self._submit(
+            "describe_group",
+            errors,
+            self._admin.describe_consumer_groups,
+            [group],
+            request_timeout=self._timeout_s,
+        )
+        return committed_pending, described
 
     @staticmethod
     def _submit(kind: str, errors: dict[str, str], call: Any, *args: Any, **kwargs: Any) -> Any:

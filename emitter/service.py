@@ -1,9 +1,10 @@
 """``slackwater emit``: the poll loop around the pure :class:`Detector`.
 
 Each poll: read what is new on the control topic (finish requests, a newer
-emitter), read the broker's view (one request per kind), let the detector
+emitter), read the broker's answers (one request per kind), let the detector
 decide, publish its proposals one by one (each acknowledged before it
-counts), and keep what metrics and ``/status`` show.
+counts: publisher.py), and keep what metrics and ``/status`` show
+(group_tracker.py, status_view.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -23,18 +23,19 @@ from emitter.control_topic import (
     ControlTopicReader,
     ControlTopicWriter,
     ReadBack,
-    claim_epoch,
-    ensure_control_topic,
     last_marker_per_partition,
 )
 from emitter.detector import Detector, Observation, Proposal
-from emitter.lag import LogEndTimelines, Ownership, lag_offsets, ownership
+from emitter.group_tracker import GroupTracker
 from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
-from emitter.observer import BrokerObserver, BrokerView
+from emitter.observer import BrokerObserver
+from emitter.publisher import MarkerPublisher
+from emitter.startup import start_on_control_topic
+from emitter.status_view import status_document
 from slackwater import kafka_clients
 from slackwater.http_server import MetricsServer
 from slackwater.kafka_logging import once_per_interval
-from slackwater.markers import EpochClaim, FinishRequest, Marker, TopicPartitionKey
+from slackwater.markers import EpochClaim, FinishRequest, Marker
 
 log = logging.getLogger(__name__)
 # Repeats while the broker is away: one line per kind per 30 s.
@@ -42,12 +43,6 @@ log_unreachable = once_per_interval(f"{__name__}.connection")
 # The same failed request at every poll (a refused topic, a broker away) is one line
 # every 30 s, not one a second.
 log_poll_errors = once_per_interval(f"{__name__}.poll")
-
-
-def _iso(wall_ms: int | None) -> str | None:
-    if wall_ms is None:
-        return None
-    return datetime.fromtimestamp(wall_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 class Emitter:
@@ -71,11 +66,7 @@ class Emitter:
         self.broker_up = False
         self.metrics_port: int | None = None
         self._lock = threading.Lock()
-        self._timelines = LogEndTimelines()
-        self._committed: dict[TopicPartitionKey, int] = {}
-        self._ownership: Ownership | None = None
-        self._ownership_of: set[TopicPartitionKey] = set()  # the partitions it was derived for
-        self._assignment: dict[str, list[TopicPartitionKey]] | None = None
+        self._group = GroupTracker()  # read and updated under the lock
         self.metrics = EmitterMetrics(self.snapshot)
         self._timeout_s = config.request_timeout_ms / 1000
         self._admin = kafka_clients.admin_client(
@@ -90,6 +81,7 @@ class Emitter:
         )
         self._reader: ControlTopicReader | None = None
         self._writer: ControlTopicWriter | None = None
+        self._publisher: MarkerPublisher | None = None
 
     # --------------------------------------------------------------- start-up
 
@@ -100,47 +92,29 @@ class Emitter:
         """
         config = self.config
         while not stop.is_set():
-            reader = None
             try:
-                if ensure_control_topic(self._admin, config.control_topic, self._timeout_s):
-                    log.info(
-                        "created control topic %s (cleanup.policy=compact)", config.control_topic
-                    )
-                reader = ControlTopicReader(
-                    config.bootstrap_servers,
-                    config.control_topic,
-                    config.kafka_config,
-                    self._timeout_s,
-                )
-                read_back = reader.read_to_end()
-                writer = ControlTopicWriter(
-                    config.bootstrap_servers,
-                    config.control_topic,
-                    config.kafka_config,
-                    delivery_timeout_s=max(self._timeout_s * 2, 10.0),
-                )
-                epoch, meanwhile = claim_epoch(
-                    reader,
-                    writer,
-                    config.emitter_id,
-                    read_back.records,
-                    wall_ms=self._wall_ms(),
-                    timeout_s=max(self._timeout_s * 2, 10.0),
+                started = start_on_control_topic(
+                    self._admin, config, self._timeout_s, self._wall_ms
                 )
             except (KafkaException, ControlTopicError, KeyError) as error:
-                if reader is not None:
-                    reader.close()  # its consumer's threads and sockets, at every retry
                 self._set_broker_up(False)
                 log_unreachable.warning(
                     "cannot start on the control topic yet (%s); retrying", error
                 )
                 stop.wait(config.poll_interval_ms / 1000)
                 continue
-            self._reader, self._writer, self.epoch = reader, writer, epoch
-            read_back.records += meanwhile.records
-            read_back.malformed += meanwhile.malformed
-            read_back.tombstones += meanwhile.tombstones
-            self._restore(read_back)
+            self._reader, self._writer = started.reader, started.writer
+            self.epoch = started.epoch
+            self._publisher = MarkerPublisher(
+                started.writer,
+                self.detector,
+                self._lock,
+                self.metrics,
+                emitter_id=config.emitter_id,
+                epoch=started.epoch,
+                wall_ms=self._wall_ms,
+            )
+            self._restore(started.read_back)
             return True
         return False
 
@@ -183,24 +157,25 @@ class Emitter:
         started = time.perf_counter()
         assert self._reader is not None, "connect() first"
         self._follow_control_topic(self._reader.poll_new())
-        view = self._observer.observe(self.config.topics, self.config.group)
-        self._set_broker_up(view.reachable)
-        for request in view.errors:
+        answers = self._observer.observe(self.config.topics, self.config.group)
+        self._set_broker_up(answers.reachable)
+        for request in answers.errors:
             self.metrics.poll_errors.labels(request).inc()
-        if view.errors:
-            log_poll_errors.warning("poll errors: %s", view.errors)
+        if answers.errors:
+            log_poll_errors.warning("poll errors: %s", answers.errors)
         observation = Observation(
             monotonic_s=self._monotonic_s(),
             wall_ms=self._wall_ms(),
-            log_end_offsets=view.log_end_offsets,
-            topics=view.topics,
-            unseen_topics=view.unseen_topics,
+            log_end_offsets=answers.log_end_offsets,
+            topics=answers.topics,
+            unseen_topics=answers.unseen_topics,
         )
         with self._lock:
             missing_before = set(self.detector.missing_topics)
             proposals = self.detector.observe(observation, self.config.topics)
             missing_now = set(self.detector.missing_topics)
-            self._track_group(view, observation.wall_ms)
+            if self.config.group is not None:
+                self._group.record(answers, self.detector.partitions.keys(), observation.wall_ms)
         if observation.topics is not None and missing_now != missing_before:
             for topic in sorted(missing_now - missing_before):
                 log.warning(
@@ -249,70 +224,11 @@ class Emitter:
                     self.epoch,
                 )
 
-    def _track_group(self, view: BrokerView, wall_ms: int) -> None:
-        if self.config.group is None:
-            return
-        self._timelines.record_poll(view.log_end_offsets, wall_ms)
-        if view.committed_offsets is not None:
-            self._committed = view.committed_offsets
-        if view.assignment is not None:
-            # Ownership changes with the assignment or the watched partitions only.
-            watched = self.detector.partitions.keys()
-            if view.assignment != self._assignment or watched != self._ownership_of:
-                self._ownership = ownership(watched, view.assignment)
-                self._ownership_of = set(watched)
-            self._assignment = view.assignment
-
     def _publish(self, proposals: list[Proposal]) -> list[Marker]:
-        published: list[Marker] = []
         if self.fenced or not proposals:
-            return published
-        assert self._writer is not None and self.epoch is not None
-        seen: set[TopicPartitionKey] = set()
-        for proposal in proposals:
-            key = (proposal.topic, proposal.partition)
-            if key in seen:
-                continue
-            seen.add(key)
-            with self._lock:
-                state = self.detector.partitions[key]
-                seq = state.seq
-            marker = Marker(
-                topic=proposal.topic,
-                partition=proposal.partition,
-                status=proposal.status,
-                offset=proposal.offset,
-                emitted_at=self._wall_ms(),
-                emitter_id=self.config.emitter_id,
-                epoch=self.epoch,
-                seq=seq,
-            )
-            try:
-                self._writer.write(marker)
-            except ControlTopicError as error:
-                self.metrics.marker_publish_failures.inc()
-                log.warning(
-                    "marker %s@%d for %s:%d not published (%s); retrying next poll",
-                    marker.status,
-                    marker.offset,
-                    marker.topic,
-                    marker.partition,
-                    error,
-                )
-                break  # the broker is likely away: the rest wait for the next poll
-            with self._lock:
-                self.detector.published(marker)
-            self.metrics.markers_published.labels(marker.status.value).inc()
-            log.info(
-                "published %s@%d for %s:%d (%s)",
-                marker.status,
-                marker.offset,
-                marker.topic,
-                marker.partition,
-                proposal.reason,
-            )
-            published.append(marker)
-        return published
+            return []
+        assert self._publisher is not None
+        return self._publisher.publish(proposals)
 
     # ------------------------------------------------------------------ views
 
@@ -323,29 +239,22 @@ class Emitter:
         with self._lock:
             partitions = self.detector.partitions
             rows_of = sorted(partitions.items()) if rows else []
-            committed_offsets, timelines = self._committed, self._timelines
+            group = self._group
             rows_out = []
             for (topic, partition), state in rows_of:
-                committed = committed_offsets.get((topic, partition))
-                log_end = state.log_end_offset
+                lag, lag_seconds = group.lags((topic, partition), state.log_end_offset, now_ms)
                 rows_out.append(
                     PartitionRow(
                         topic=topic,
                         partition=partition,
                         status=state.status,
-                        log_end_offset=log_end,
+                        log_end_offset=state.log_end_offset,
                         still_seconds=state.still_s,
-                        lag_offsets=(
-                            lag_offsets(log_end, committed) if log_end is not None else None
-                        ),
-                        lag_seconds=(
-                            timelines.lag_seconds((topic, partition), committed, now_ms)
-                            if committed is not None
-                            else None
-                        ),
+                        lag_offsets=lag,
+                        lag_seconds=lag_seconds,
                     )
                 )
-            owners = self._ownership
+            owners, assignment = group.ownership, group.assignment
             return Snapshot(
                 group=self.config.group,
                 partitions=rows_out,
@@ -355,61 +264,29 @@ class Emitter:
                 members_without_partitions=(
                     len(owners.members_without_partitions) if owners else None
                 ),
-                group_members=len(self._assignment) if self._assignment is not None else None,
+                group_members=len(assignment) if assignment is not None else None,
                 unlisted_partitions=len(self.detector.held),
                 unlisted_partitions_dropped=self.detector.held_dropped,
             )
 
     def status_view(self) -> dict[str, Any]:
-        """The JSON of ``GET /status``."""
+        """The JSON of ``GET /status`` (status_view.py)."""
         snap = self.snapshot()
         with self._lock:
             markers = {k: s.last_marker for k, s in self.detector.partitions.items()}
             requested = {k for k, s in self.detector.partitions.items() if s.finish_requested}
-            owners = self._ownership
-            assignment = self._assignment
-        partitions = []
-        for row in snap.partitions:
-            marker = markers.get((row.topic, row.partition))
-            partitions.append(
-                {
-                    "topic": row.topic,
-                    "partition": row.partition,
-                    "status": row.status.value,
-                    "offset": marker.offset if marker else None,
-                    "since": _iso(marker.emitted_at) if marker else None,
-                    "marker_emitter_id": marker.emitter_id if marker else None,
-                    "marker_epoch": marker.epoch if marker else None,
-                    "log_end_offset": row.log_end_offset,
-                    "still_seconds": round(row.still_seconds, 3),
-                    "lag_offsets": row.lag_offsets,
-                    "lag_seconds": None if row.lag_seconds is None else round(row.lag_seconds, 3),
-                    "finish_requested": (row.topic, row.partition) in requested,
-                    "owner": owners.owners.get((row.topic, row.partition)) if owners else None,
-                }
-            )
-        return {
+            owners, assignment = self._group.ownership, self._group.assignment
+        header = {
             "emitter_id": self.config.emitter_id,
             "epoch": self.epoch,
             "fenced": self.fenced,
             "control_topic": self.config.control_topic,
             "group": self.config.group,
             "broker_up": self.broker_up,
-            "missing_topics": snap.missing_topics,
-            "partitions_without_owner": snap.partitions_without_owner,
-            "members_without_partitions": snap.members_without_partitions,
-            # The group's members and the watched partitions each owns (DESCRIBE GROUP).
-            "members": None
-            if assignment is None
-            else {
-                member: sorted(f"{topic}:{partition}" for topic, partition in owned)
-                for member, owned in sorted(assignment.items())
-            },
-            "unowned_partitions": None
-            if owners is None
-            else sorted(f"{t}:{p}" for t, p in owners.partitions_without_owner),
-            "partitions": partitions,
         }
+        return status_document(
+            header, snap, markers=markers, requested=requested, owners=owners, assignment=assignment
+        )
 
     # ------------------------------------------------------------------- run
 

@@ -3,7 +3,7 @@ settings (``kafka_config``: security, timeouts), then librdkafka's logging route
 Python logging under the client's name (kafka_logging), then the bootstrap servers, then
 what the client's job needs, which the user cannot override by accident. (The Spark
 source's readers keep their clients across tasks, pooled by these settings: they are
-made from ``client_settings`` too, in spark_consumer/source/reader_clients.py.)"""
+made from ``client_settings`` too, in spark_consumer/source/executor/reader_clients.py.)"""
 
 from __future__ import annotations
 

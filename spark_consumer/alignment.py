@@ -76,6 +76,37 @@ class _Partition:
     # Wall time of the last batch with records (for the consumer-side idle timeout).
     last_data_ms: int | None = None
 
+    def row(self, channel: Hashable) -> list[Any]:
+        """The partition as one positional row of a snapshot (10,000 partitions travel in
+        every offset of the source): [channel, status, read_position, max_record_offset,
+        newest_event_ms, epoch, idle_offset, last_data_ms, pending markers]."""
+        return [
+            channel,
+            self.status.value,
+            self.read_position,
+            self.max_record_offset,
+            self.newest_event_ms,
+            self.epoch,
+            self.idle_offset,
+            self.last_data_ms,
+            [m.model_dump(mode="json") for m in self.pending] if self.pending else [],
+        ]
+
+    @classmethod
+    def from_row(cls, row: list[Any]) -> _Partition:
+        """The partition of a row (its channel is the row's first item)."""
+        _, status, read_position, max_offset, newest, epoch, idle, last_data, pending = row
+        return cls(
+            status=MarkerStatus(status),
+            read_position=read_position,
+            max_record_offset=max_offset,
+            newest_event_ms=newest,
+            epoch=epoch,
+            idle_offset=idle,
+            last_data_ms=last_data,
+            pending=[Marker.model_validate_json(_json(m)) for m in pending],
+        )
+
 
 @dataclass
 class Counters:
@@ -351,23 +382,8 @@ class MarkerAligner:
                 "partitions_after_finished": self.counters.partitions_after_finished,
             },
             "consumer_idle_timeout_ms": self.consumer_idle_timeout_ms,
-            # One positional row per partition (10,000 partitions travel in every offset
-            # of the source): [channel, status, read_position, max_record_offset,
-            # newest_event_ms, epoch, idle_offset, last_data_ms, pending markers].
-            "partitions": [
-                [
-                    p,
-                    s.status.value,
-                    s.read_position,
-                    s.max_record_offset,
-                    s.newest_event_ms,
-                    s.epoch,
-                    s.idle_offset,
-                    s.last_data_ms,
-                    [m.model_dump(mode="json") for m in s.pending] if s.pending else [],
-                ]
-                for p, s in self.partitions.items()
-            ],
+            # One positional row per partition (_Partition.row).
+            "partitions": [s.row(p) for p, s in self.partitions.items()],
         }
 
     @classmethod
@@ -387,27 +403,8 @@ class MarkerAligner:
             **{**counters, "markers_rejected": dict(counters["markers_rejected"])}
         )
         partitions = aligner.partitions
-        for (
-            key,
-            status,
-            read_position,
-            max_offset,
-            newest,
-            epoch,
-            idle,
-            last_data,
-            pending,
-        ) in snapshot["partitions"]:
-            partitions[key] = _Partition(
-                status=MarkerStatus(status),
-                read_position=read_position,
-                max_record_offset=max_offset,
-                newest_event_ms=newest,
-                epoch=epoch,
-                idle_offset=idle,
-                last_data_ms=last_data,
-                pending=[Marker.model_validate_json(_json(m)) for m in pending],
-            )
+        for row in snapshot["partitions"]:
+            partitions[row[0]] = _Partition.from_row(row)
         return aligner
 
 

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from slackwater import kafka_clients
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_cluster import KafkaCluster
-from spark_consumer.source import reader_clients
+from spark_consumer.source.executor import reader_clients
 
 if TYPE_CHECKING:
     from tests.harness.emitter import RunningEmitter

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
+from typing import TYPE_CHECKING
 
 from slackwater.cli import Commands
 from slackwater.cli_types import (
@@ -20,6 +22,10 @@ from slackwater.kafka_logging import without_secrets
 from slackwater.lifecycle import stop_on_signals
 from slackwater.settings import EXIT_CONFIG, ConfigError, config_from_args
 
+if TYPE_CHECKING:
+    from spark_consumer.consume.config import ConsumerConfig
+    from spark_consumer.consume.job import ConsumeJob
+
 
 def add_consume_command(commands: Commands, name: str) -> None:
     consume = commands.add_parser(
@@ -30,7 +36,22 @@ def add_consume_command(commands: Commands, name: str) -> None:
 
 
 def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``consume``, in the order ``--help`` lists them."""
     parser.add_argument("--config", metavar="FILE.yaml", help="settings file (YAML)")
+    _add_query_arguments(parser)
+    _add_policy_arguments(parser)
+    parser.add_argument("--metrics-host")
+    parser.add_argument("--metrics-port", type=port)
+    add_kafka_arguments(parser)
+    parser.add_argument("--log-level", type=log_level, default="INFO")
+    parser.add_argument(
+        "--verbose", action="store_true", help="Spark's own log at INFO (default: errors only)"
+    )
+
+
+def _add_query_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is read and how it is aggregated: topics, windows, aggregations, event time,
+    where the results go and the streaming query's own settings."""
     parser.add_argument("--bootstrap-servers", metavar="HOST:PORT")
     parser.add_argument(
         "--topic",
@@ -74,6 +95,11 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trigger", dest="trigger_ms", type=duration, metavar="1s")
     parser.add_argument("--starting-offsets", choices=["earliest", "latest"])
     parser.add_argument("--state-store", choices=["rocksdb", "hdfs"])
+
+
+def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """How partitions without an emitter, lost records and odd event times are taken,
+    and the kinds of run (--compare, --backfill)."""
     parser.add_argument(
         "--consumer-idle-timeout",
         dest="consumer_idle_timeout_ms",
@@ -107,13 +133,6 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         "FINISHED there, writes every window and exits (a checkpoint it ran on stays a "
         "backfill's; docs/consumer.md)",
     )
-    parser.add_argument("--metrics-host")
-    parser.add_argument("--metrics-port", type=port)
-    add_kafka_arguments(parser)
-    parser.add_argument("--log-level", type=log_level, default="INFO")
-    parser.add_argument(
-        "--verbose", action="store_true", help="Spark's own log at INFO (default: errors only)"
-    )
 
 
 def run_consume(args: argparse.Namespace) -> int:
@@ -127,17 +146,10 @@ def run_consume(args: argparse.Namespace) -> int:
         print(f"slackwater consume: {error}", file=sys.stderr)
         return EXIT_CONFIG
     logging.getLogger("py4j").setLevel(logging.INFO if verbose else logging.WARNING)
-    from slackwater.java_check import check_java
-
-    problem = check_java()
+    problem = _cannot_start(config)
     if problem is not None:
         print(f"slackwater consume: {problem}", file=sys.stderr)
         return 1
-    if config.metrics_port is not None:
-        problem = ensure_port_free(config.metrics_host, config.metrics_port)
-        if problem is not None:
-            print(f"slackwater consume: metrics port: {problem}", file=sys.stderr)
-            return 1
 
     from slackwater.http_server import MetricsServer
     from spark_consumer.consume.job import spark_session, start
@@ -154,28 +166,7 @@ def run_consume(args: argparse.Namespace) -> int:
         ).start()
     try:
         job = start(spark, config)
-        # A backfill's queries end once they have read to their ends; until then, and a
-        # streaming job's for good, one that stops (it failed) stops the command.
-        running = any if config.backfill else all
-        while not stop.is_set() and running(q.isActive for q in job.queries()):
-            if any(not q.isActive and q.exception() is not None for q in job.queries()):
-                break
-            stop.wait(0.5)
-        for query in job.queries():
-            failure = query.exception()
-            if failure is not None:
-                line = without_secrets(failure_line(failure), config.kafka_config)
-                print(f"slackwater consume: the streaming query failed: {line}", file=sys.stderr)
-                return 1
-        if config.backfill and any(q.isActive for q in job.queries()):
-            # A supervisor (a Kubernetes Job) must not take a stopped backfill for done.
-            print(
-                "slackwater consume: stopped before the backfill ended; run it again with "
-                "--backfill to finish it (it goes on to the same ends)",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
+        return _run_until_done(job, config, stop)
     finally:
         if job is not None:
             job.stop()
@@ -185,6 +176,47 @@ def run_consume(args: argparse.Namespace) -> int:
             logging.getLogger(__name__).debug("spark stop: %s", error)
         if server is not None:
             server.stop()
+
+
+def _cannot_start(config: ConsumerConfig) -> str | None:
+    """Why the job cannot start (no usable Java, the metrics port taken), before Spark
+    takes its seconds to start; None: it can."""
+    from slackwater.java_check import check_java
+
+    problem = check_java()
+    if problem is not None:
+        return problem
+    if config.metrics_port is not None:
+        problem = ensure_port_free(config.metrics_host, config.metrics_port)
+        if problem is not None:
+            return f"metrics port: {problem}"
+    return None
+
+
+def _run_until_done(job: ConsumeJob, config: ConsumerConfig, stop: threading.Event) -> int:
+    """Waits for the job's queries (or a stop); the command's exit code."""
+    # A backfill's queries end once they have read to their ends; until then, and a
+    # streaming job's for good, one that stops (it failed) stops the command.
+    running = any if config.backfill else all
+    while not stop.is_set() and running(q.isActive for q in job.queries()):
+        if any(not q.isActive and q.exception() is not None for q in job.queries()):
+            break
+        stop.wait(0.5)
+    for query in job.queries():
+        failure = query.exception()
+        if failure is not None:
+            line = without_secrets(failure_line(failure), config.kafka_config)
+            print(f"slackwater consume: the streaming query failed: {line}", file=sys.stderr)
+            return 1
+    if config.backfill and any(q.isActive for q in job.queries()):
+        # A supervisor (a Kubernetes Job) must not take a stopped backfill for done.
+        print(
+            "slackwater consume: stopped before the backfill ended; run it again with "
+            "--backfill to finish it (it goes on to the same ends)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 _TRACEBACK = "Traceback (most recent call last):"

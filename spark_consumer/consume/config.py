@@ -14,7 +14,7 @@ from slackwater.settings import (
     parse_duration_ms,
     parse_optional_duration_ms,
 )
-from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS
+from spark_consumer.source.shared.event_time import MAX_EVENT_TIME_AHEAD_MS
 
 _FIELD = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # What --agg takes: <function>:<JSON field>.

@@ -2,22 +2,21 @@
 watermark (Flink's StatusWatermarkValve over the emitter's markers) handed to Spark as
 its own. Its face: what a job imports.
 
-Inside, one file per job (docs/architecture.md draws them): ``stream`` (the DataSource
-and ``read_stream``), ``options``; on the driver ``planner`` (only what Spark calls),
-``broker`` (every broker question), ``progress_collector``, ``control_reader``,
-``partitions``, ``plan``, ``planner_process`` (a stop's SIGTERM); for both ``offset``
-(the checkpointed offset), ``splits`` (a batch's tasks), ``progress`` (what readers
-report), ``event_time``, ``late_rows``; on the executors ``readers``,
-``reader_ranges``, ``arrow_rows``, ``reader_clients``; and ``metrics``. The valve and the
-aligner beside it (``spark_consumer.valve``, ``spark_consumer.alignment``) are the pure
-core; ``spark_consumer.consume`` is an application on top.
+Inside, rooms by where they run (docs/architecture.md draws them): the face here
+(``stream``: the DataSource and ``read_stream``; ``metrics``), ``driver/`` (Spark's
+planner process: ``planner``, only what Spark calls, and the rooms it plans with),
+``executor/`` (the Python workers that read a task), ``wire/`` (what travels between
+them: the offset, the tasks, the progress records) and ``shared/`` (what both load:
+options, event time, late rows). The valve and the aligner beside it
+(``spark_consumer.valve``, ``spark_consumer.alignment``) are the pure core;
+``spark_consumer.consume`` is an application on top.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spark_consumer.source.options import SOURCE_NAME, SourceError
+from spark_consumer.source.shared.options import SOURCE_NAME, SourceError
 from spark_consumer.source.stream import (
     SlackwaterKafkaSource,
     StreamKeywords,

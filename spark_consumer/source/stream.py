@@ -33,7 +33,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType, TimestampType
 
-from spark_consumer.source.options import (
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.shared.options import (
     EVENT_TIME,
     SCHEMA,
     SOURCE_NAME,
@@ -41,7 +42,6 @@ from spark_consumer.source.options import (
     WATERMARK_DELAY_MS,
     SourceOptions,
 )
-from spark_consumer.source.planner import SlackwaterStreamReader
 
 
 class SlackwaterKafkaSource(DataSource):

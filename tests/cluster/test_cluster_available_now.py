@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater.kafka_cluster import KafkaCluster
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.harness.cluster import FAULT_DEADLINE_S, leader_now, leader_of
 from tests.harness.factories import wait_until
 from tests.harness.source_driver import Driven, options, real
@@ -51,7 +51,9 @@ def test_a_run_reads_the_others_and_waits_for_a_partition_whose_leader_is_down(
             driven.step()
             read_to["p0"] = SourceOffset.decode(driven.offset).data[topic]["0"]
 
-    caplog.set_level(logging.WARNING, logger="spark_consumer.source.planner.run_ends.waiting")
+    caplog.set_level(
+        logging.WARNING, logger="spark_consumer.source.driver.planner.run_ends.waiting"
+    )
     running = threading.Thread(target=run, daemon=True)
     running.start()
     wait_until(

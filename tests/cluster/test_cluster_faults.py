@@ -31,9 +31,9 @@ from emitter.observer import BrokerObserver
 from slackwater.kafka_clients import refresh_leaders
 from slackwater.kafka_cluster import KafkaCluster
 from slackwater.markers import FinishRequest, Marker, MarkerStatus
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.shared.options import SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.harness.cluster import (
     FAULT_DEADLINE_S,
     in_sync,
@@ -400,11 +400,11 @@ def test_a_leader_that_moved_is_asked_again_with_its_new_epoch_by_the_emitter_an
     # itself: initialOffset fetches metadata just before it, so what meets a stale epoch
     # is this wait when a leader moves during it (as in CI).
     partitions = sorted(all_read)
-    assert planner.broker.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    assert planner.kafka.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
     for _ in range(2):  # each move raises the leader epoch
         cluster.start_nodes([kill_leader(cluster, admin, topic)])
 
-    assert planner.broker.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
+    assert planner.kafka.list_offsets(partitions, "earliest", wait_for_all=True) == all_read
     # The first poll asks the old leaders, or with the old epoch: refused. The next
     # fetches metadata first, and reads them.
     first = observer.observe([topic], None)
@@ -525,7 +525,7 @@ def test_a_first_plan_waits_for_partitions_without_a_leader_instead_of_failing(
         cluster.bootstrap_servers, topic, None, requestTimeoutMs=str(int(FAULT_DEADLINE_S * 1000))
     )
     # A new planner's client fetches metadata first: no leader, so the request fails whole.
-    broker = SlackwaterStreamReader(SourceOptions.parse(given)).broker
+    broker = SlackwaterStreamReader(SourceOptions.parse(given)).kafka
     partitions = [(topic, 0), (topic, 1)]
     failed_whole: list[KafkaException] = []
     asked_once = broker._list_offsets_once

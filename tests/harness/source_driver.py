@@ -18,9 +18,9 @@ from typing import Any
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.shared.options import SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 
 
 def options(bootstrap: str, topics: str, control: str | None, **more: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The source's offset format (spark_consumer/source/offset.py): version 2 holds exactly
+"""The source's offset format (spark_consumer/source/wire/offset.py): version 2 holds exactly
 what version 1 held, in a fraction of the bytes, and version 1 is still read."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.source.offset import (
+from spark_consumer.source.wire.offset import (
     OFFSET_VERSION,
     OffsetFormatError,
     SourceOffset,
 )
-from spark_consumer.source.splits import TaskPartition
+from spark_consumer.source.wire.splits import TaskPartition
 from spark_consumer.valve import MIN_WATERMARK
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer

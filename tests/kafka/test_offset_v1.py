@@ -36,9 +36,9 @@ import pytest
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
-from spark_consumer.source.offset import OFFSET_VERSION, OffsetFormatError, SourceOffset
-from spark_consumer.source.options import SourceError
-from spark_consumer.source.plan import PlanMemory
+from spark_consumer.source.driver.plan import PlanMemory
+from spark_consumer.source.shared.options import SourceError
+from spark_consumer.source.wire.offset import OFFSET_VERSION, OffsetFormatError, SourceOffset
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer
 from tests.harness.source_driver import Driven, options, real

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import planner_process
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.driver import planner_process
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import Writer
 from tests.harness.source_driver import Driven, options

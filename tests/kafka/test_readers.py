@@ -1,4 +1,4 @@
-"""A batch's ranges grouped into tasks (spark_consumer/source/splits.py): each task
+"""A batch's ranges grouped into tasks (spark_consumer/source/wire/splits.py): each task
 reads its ranges with one pooled consumer and writes one progress record."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import reader_clients
-from spark_consumer.source.options import SourceError, SourceOptions
-from spark_consumer.source.progress import Progress, Range
-from spark_consumer.source.splits import MAX_RANGES_PER_TASK, TaskPartition, group_ranges
+from spark_consumer.source.executor import reader_clients
+from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.wire.progress import Progress, Range
+from spark_consumer.source.wire.splits import MAX_RANGES_PER_TASK, TaskPartition, group_ranges
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer
 from tests.harness.source_driver import Driven, options, real
@@ -231,7 +231,7 @@ def test_an_error_for_a_range_read_whole_loses_nothing_and_fails_nothing(
     (the consumer here has no broker at all)."""
     from confluent_kafka import KafkaError
 
-    from spark_consumer.source.reader_ranges import Reading, follow_gone
+    from spark_consumer.source.executor.reader_ranges import Reading, follow_gone
 
     given = SourceOptions.parse(
         {

@@ -18,9 +18,10 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import SourceError, reader_clients
-from spark_consumer.source import planner as planner_module
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source import SourceError
+from spark_consumer.source.driver import planner as planner_module
+from spark_consumer.source.executor import reader_clients
+from spark_consumer.source.wire.offset import SourceOffset
 from spark_consumer.valve import MIN_WATERMARK
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer

@@ -27,9 +27,9 @@ from confluent_kafka.admin import (
 )
 
 from slackwater.kafka_broker import KafkaBroker
-from spark_consumer.source import reader_clients, readers
-from spark_consumer.source.options import SourceError, SourceOptions
-from spark_consumer.source.splits import TaskPartition
+from spark_consumer.source.executor import reader_clients, readers
+from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.wire.splits import TaskPartition
 from tests.harness.factories import wait_until
 from tests.harness.kafka_writer import Writer
 from tests.harness.secured import (

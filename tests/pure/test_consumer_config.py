@@ -87,7 +87,7 @@ def test_production_settings_default_as_the_source_and_take_off() -> None:
 
 def test_the_job_hands_its_settings_to_the_source_as_options() -> None:
     from spark_consumer.consume.job import source_options
-    from spark_consumer.source.options import SourceOptions
+    from spark_consumer.source.shared.options import SourceOptions
 
     parsed = SourceOptions.parse(
         source_options(_load(fail_on_data_loss="false", max_event_time_ahead_ms="off"))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_consumer.source.event_time import (
+from spark_consumer.source.shared.event_time import (
     MAX_EVENT_TIME_MS,
     MIN_EVENT_TIME_MS,
     UnreadableEventTime,

@@ -1,5 +1,5 @@
-"""The rows a job's aggregation drops (spark_consumer/source/late_rows.py): Spark's rule, from
-its text (a window is over when its end <= the watermark), and one file per range."""
+"""The rows a job's aggregation drops (spark_consumer/source/shared/late_rows.py): Spark's
+rule, from its text (a window is over when its end <= the watermark), and one file per range."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_consumer.source.late_rows import DroppedRow, LateRule, write_range
+from spark_consumer.source.shared.late_rows import DroppedRow, LateRule, write_range
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,8 @@ def test_a_spark_worker_reading_a_task_loads_no_metrics_server() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, spark_consumer.source.splits, spark_consumer.source.readers; "
+            "import sys, spark_consumer.source.wire.splits, "
+            "spark_consumer.source.executor.readers; "
             "print(sorted(m for m in ('prometheus_client', 'slackwater.http_server') "
             "if m in sys.modules))",
         ],
@@ -155,27 +156,21 @@ def test_a_spark_worker_reading_a_task_loads_no_metrics_server() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
-# The source's rooms (docs/architecture.md): the driver's, the executors', and the ones
-# both load. The driver never imports the executors' modules, not even for a constant.
+# The source's rooms by role (docs/architecture.md), one folder each: the face (what a
+# job imports, and the DataSource Spark loads), ``shared`` (loaded on both sides:
+# options, event time, late rows), ``wire`` (what travels between the driver and the
+# executors: the offset Spark logs, the tasks, the progress records), ``driver`` (Spark's
+# planner process) and ``executor`` (the Python workers that read a task). Each imports
+# only the folders listed for it, anywhere in a module, but for ``read``: Spark's entry on
+# an executor, which imports the executors' room there.
 SOURCE = ROOT / "spark_consumer" / "source"
-EXECUTORS_ROOMS = {
-    "spark_consumer.source.readers",
-    "spark_consumer.source.reader_ranges",
-    "spark_consumer.source.arrow_rows",
-    "spark_consumer.source.reader_clients",
-}
-DRIVERS_ROOMS = {
-    "spark_consumer.source.planner",
-    "spark_consumer.source.broker",
-    "spark_consumer.source.control_reader",
-    "spark_consumer.source.progress_collector",
-    "spark_consumer.source.partitions",
-    "spark_consumer.source.plan",
-    "spark_consumer.source.planner_process",
-    "spark_consumer.source.gone_back",
-    "spark_consumer.source.seen_in",
-    "spark_consumer.source.restart_options",
-    "spark_consumer.source.run_ends",
+FACE = {"__init__", "stream", "metrics"}
+FOLDERS = {
+    "shared": {"shared"},
+    "wire": {"shared", "wire"},
+    "driver": {"shared", "wire", "driver"},
+    "executor": {"shared", "wire", "executor"},
+    "face": {"face", "shared", "wire", "driver"},
 }
 # What Spark calls on a DataSourceStreamReader: the Spark-facing class has nothing else.
 SPARKS_CALLS = {
@@ -190,16 +185,106 @@ SPARKS_CALLS = {
 }
 
 
+def _source_modules() -> dict[str, Path]:
+    """Every module of the source by its dotted name (a package by its folder's)."""
+    found = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _folder(module: str) -> str | None:
+    """The room a module of the source sits in: its folder, or the face."""
+    inside = module.removeprefix("spark_consumer.source").lstrip(".").split(".")
+    if inside == [""] or (len(inside) == 1 and inside[0] in FACE):
+        return "face"
+    return inside[0] if inside[0] in FOLDERS and inside[0] != "face" else None
+
+
+def _source_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of the source that a module imports, anywhere in it but ``read``."""
+    tree = ast.parse(path.read_text())
+    in_read = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "read"
+        for inner in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in in_read:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name in modules}
+
+
+def test_every_module_of_the_source_sits_in_a_room_by_role() -> None:
+    modules = _source_modules()
+    assert {m for m in modules if _folder(m) is None} == set()
+    assert {_folder(m) for m in modules} == set(FOLDERS)
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_each_room_imports_only_the_rooms_it_may(folder: str) -> None:
+    """Rooms both sides load (shared, wire) import no driver or executor room; the driver
+    and the executors never import each other (the driver's ``read`` aside)."""
+    modules = _source_modules()
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for module, path in modules.items()
+        if _folder(module) == folder
+        for imported in _source_imports(path, modules)
+        if _folder(imported) not in FOLDERS[folder]
+    }
+    assert not wrong, sorted(wrong)
+
+
+def _longest_chain(graph: dict[str, set[str]]) -> tuple[int, list[str]]:
+    """The floors of the import graph (its longest chain), or a circle found on the way."""
+    floors: dict[str, int] = {}
+    visiting: list[str] = []
+
+    def floor(module: str) -> int:
+        if module in visiting:
+            raise AssertionError(f"import circle: {[*visiting[visiting.index(module) :], module]}")
+        if module not in floors:
+            visiting.append(module)
+            floors[module] = 1 + max((floor(n) for n in graph[module]), default=0)
+            visiting.pop()
+        return floors[module]
+
+    return max((floor(m) for m in graph), default=0), sorted(floors)
+
+
+def test_the_sources_imports_make_no_circle_and_fewer_floors_than_before_the_rooms() -> None:
+    """Issue 40: 2 circles and 9 floors in the flat room; none and 8 since."""
+    modules = _source_modules()
+    graph = {m: _source_imports(p, modules) - {m} for m, p in modules.items()}
+    floors, _ = _longest_chain(graph)
+    assert floors <= 8
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    with pytest.raises(AssertionError, match="import circle"):
+        _longest_chain({"a": {"b"}, "b": {"a"}})
+
+
 def test_the_planner_loads_none_of_the_executors_rooms() -> None:
     import subprocess
     import sys
 
-    rooms = sorted(EXECUTORS_ROOMS)
+    rooms = sorted(m for m in _source_modules() if _folder(m) == "executor")
     loaded = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, spark_consumer.source, spark_consumer.source.planner; "
+            "import sys, spark_consumer.source, spark_consumer.source.driver.planner; "
             f"print(sorted(m for m in {rooms!r} if m in sys.modules))",
         ],
         capture_output=True,
@@ -210,28 +295,17 @@ def test_the_planner_loads_none_of_the_executors_rooms() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("room", sorted(DRIVERS_ROOMS))
-def test_no_drivers_room_imports_an_executors_room(room: str) -> None:
-    """Not even inside a function, but for ``read``, Spark's entry on an executor."""
-    tree = ast.parse((ROOT / (room.replace(".", "/") + ".py")).read_text())
-    in_read = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and node.name == "read"
-        for inner in ast.walk(node)
-    }
-    wrong = {
-        name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and id(node) not in in_read
-        for name in (node.module, *(f"{node.module}.{alias.name}" for alias in node.names))
-        if name in EXECUTORS_ROOMS
-    }
-    assert not wrong, sorted(wrong)
+def test_the_room_check_sees_an_import_outside_read_and_not_inside(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from spark_consumer.source.executor import readers\n"
+        "def read():\n    from spark_consumer.source.executor import arrow_rows\n"
+    )
+    assert _source_imports(module, _source_modules()) == {"spark_consumer.source.executor.readers"}
 
 
 def test_the_spark_facing_class_keeps_only_what_spark_calls() -> None:
-    from spark_consumer.source.planner import SlackwaterStreamReader
+    from spark_consumer.source.driver.planner import SlackwaterStreamReader
 
     public = {
         name
@@ -245,25 +319,75 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
-def test_the_sources_rooms_stay_small() -> None:
-    """About 500 lines a module, 60 a function, 300 for the Spark-facing class: a room
-    that grows past them holds a second job (issue 30)."""
-    too_big = []
-    for path in sorted(SOURCE.glob("*.py")):
-        text = path.read_text()
-        tree = ast.parse(text)
-        if text.count("\n") > 500:
-            too_big.append(f"{path.name}: {text.count(chr(10))} lines")
-        for function in _functions(tree):
-            length = (function.end_lineno or function.lineno) - function.lineno + 1
-            if length > 60:
-                too_big.append(f"{path.name}: {function.name} is {length} lines")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == "SlackwaterStreamReader":
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > 300:
-                    too_big.append(f"{path.name}: {node.name} is {length} lines")
-    assert not too_big, too_big
+def too_big(path: Path) -> list[str]:
+    """About 500 lines a module, 60 a function, 300 a class: a room that grows past them
+    holds a second job (issues 30 and 40)."""
+    text = path.read_text()
+    found = []
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    if text.count("\n") > 500:
+        found.append(f"{name}: {text.count(chr(10))} lines")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            limit = 300 if isinstance(node, ast.ClassDef) else 60
+            if length > limit:
+                found.append(f"{name}: {node.name} is {length} lines")
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_products_rooms_stay_small(package: str) -> None:
+    found = [line for path in sorted((ROOT / package).rglob("*.py")) for line in too_big(path)]
+    assert not found, found
+
+
+def test_the_size_check_finds_a_long_function_and_a_long_class(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    body = "".join(f"    x{i} = {i}\n" for i in range(61))
+    module.write_text(f"def f():\n{body}\nclass C:\n" + "    y = 1\n" * 300)
+    assert too_big(module) == ["m.py: f is 62 lines", "m.py: C is 301 lines"]
+
+
+# The tests mirror the product: one folder by what a test starts, the harness apart.
+TESTS = ROOT / "tests"
+TEST_FOLDERS = {"pure", "kafka", "spark", "cluster"}
+
+
+def test_every_test_sits_in_a_folder_by_what_it_starts() -> None:
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert loose == []
+    assert {p.parent.name for p in TESTS.rglob("test_*.py")} == TEST_FOLDERS
+    assert not list((TESTS / "harness").glob("test_*.py"))
+
+
+def test_no_test_imports_another_test() -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name in imported(path)
+        if name.startswith("tests.") and name.split(".")[-1].startswith("test_")
+    } | {
+        f"{path.relative_to(ROOT)} imports {node.module}.{alias.name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests")
+        for alias in node.names
+        if alias.name.startswith("test_")
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_pure_tests_start_nothing() -> None:
+    """A pure test asks for no broker, cluster, secured node nor Spark session."""
+    started = {"broker", "cluster", "secured", "spark", "admin", "new_topic", "emitters"}
+    wrong = {
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} takes {sorted(taken)}"
+        for path in sorted((TESTS / "pure").glob("test_*.py"))
+        for node in _functions(ast.parse(path.read_text()))
+        if (taken := {a.arg for a in node.args.args} & started)
+    }
+    assert not wrong, sorted(wrong)
 
 
 # Kafka's error codes that a judgment of slackwater.kafka_evidence reads: no other

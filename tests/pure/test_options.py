@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from spark_consumer.source.late_rows import LATE_ONLY, LateRule
-from spark_consumer.source.options import WATERMARK_DELAY_MS, SourceError, SourceOptions
-from spark_consumer.source.splits import TaskPartition, late_events_watermark
+from spark_consumer.source.shared.late_rows import LATE_ONLY, LateRule
+from spark_consumer.source.shared.options import WATERMARK_DELAY_MS, SourceError, SourceOptions
 from spark_consumer.source.stream import stream_options
+from spark_consumer.source.wire.splits import TaskPartition, late_events_watermark
 
 BASE = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "orders"}
 

@@ -1,4 +1,4 @@
-"""The planner's pure steps (source/plan.py, progress_collector.py), without a broker."""
+"""The planner's pure steps (source/driver/plan.py, progress_collector.py), without a broker."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from hypothesis import strategies as st
 
 from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
-from spark_consumer.source.broker import BrokerView
-from spark_consumer.source.offset import SourceOffset, ranges
-from spark_consumer.source.plan import (
+from spark_consumer.source.driver.plan import (
     PlanMemory,
     nothing_new_since,
     rate_limit,
     records_between,
     same_batch,
 )
-from spark_consumer.source.progress import Progress
-from spark_consumer.source.progress_collector import partition_batches
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.progress_collector import partition_batches
+from spark_consumer.source.wire.offset import SourceOffset, ranges
+from spark_consumer.source.wire.progress import Progress
 
 
 def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = None) -> SourceOffset:
@@ -39,11 +39,11 @@ def _start(data: dict[str, dict[str, int]], control: dict[str, int] | None = Non
     )
 
 
-def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> BrokerView:
+def _now(latest: dict[tuple[str, int], int], control: dict[str, int] | None = None) -> PlanAnswers:
     counts: dict[str, int] = {}
     for topic, partition in latest:
         counts[topic] = max(counts.get(topic, 0), partition + 1)
-    return BrokerView(counts, frozenset(counts), latest, control or {})
+    return PlanAnswers(counts, frozenset(counts), latest, control or {})
 
 
 def test_ranges_are_the_non_empty_ones_in_topic_and_partition_order() -> None:
@@ -89,7 +89,9 @@ def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
     assert not nothing_new_since(start, _now({("t", 0): 5, ("t", 1): 3, ("t", 2): 0}))
     assert not nothing_new_since(start, _now({}, {"0": 2}))
     # A partition whose log end is not known now stands still.
-    assert nothing_new_since(start, BrokerView({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2}))
+    assert nothing_new_since(
+        start, PlanAnswers({"t": 2}, frozenset({"t"}), {("t", 0): 5}, {"0": 2})
+    )
     # A range of the last batch still to account for.
     assert not nothing_new_since(
         dataclasses.replace(start, data_from={"t": {"0": 4, "1": 3}}),
@@ -97,10 +99,10 @@ def test_nothing_new_since_only_when_the_broker_shows_nothing_to_plan() -> None:
     )
     # The log ends asked hold the control topic's too (one ListOffsets round for both).
     asked = {("t", 0): 5, ("t", 1): 3, ("ctl", 0): 2}
-    assert nothing_new_since(start, BrokerView({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2}))
+    assert nothing_new_since(start, PlanAnswers({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2}))
     asked = {**asked, ("t", 1): 4}
     assert not nothing_new_since(
-        start, BrokerView({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2})
+        start, PlanAnswers({"t": 2}, frozenset({"t", "ctl"}), asked, {"0": 2})
     )
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 import pytest
 
 from spark_consumer.alignment import MarkerAligner
-from spark_consumer.source.broker import BrokerView
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceError, SourceOptions
-from spark_consumer.source.plan import Plan
-from spark_consumer.source.run_ends import Ends, RunEnds
+from spark_consumer.source.driver.plan import Plan
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.run_ends import Ends, RunEnds
+from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 from spark_consumer.valve import MAX_WATERMARK, WatermarkStatus
 
 Key = tuple[str, int]
@@ -22,12 +22,12 @@ def _view(
     latest: dict[Key, int],
     counts: dict[str, int] | None = None,
     control: dict[str, int] | None = None,
-) -> BrokerView:
+) -> PlanAnswers:
     if counts is None:
         counts = {}
         for topic, partition in latest:
             counts[topic] = max(counts.get(topic, 0), partition + 1)
-    return BrokerView(counts, frozenset(counts), dict(latest), dict(control or {}))
+    return PlanAnswers(counts, frozenset(counts), dict(latest), dict(control or {}))
 
 
 def _options(**more: str) -> SourceOptions:
@@ -61,7 +61,7 @@ def _start(
     )
 
 
-def _ends(counts: dict[str, int], now: BrokerView, start: SourceOffset | None = None) -> Ends:
+def _ends(counts: dict[str, int], now: PlanAnswers, start: SourceOffset | None = None) -> Ends:
     ends = Ends(counts=counts)
     ends.see(now, {}, start or _start())
     return ends

@@ -1,4 +1,4 @@
-"""The topic ids and leader epochs an offset keeps (spark_consumer/source/seen_in.py)."""
+"""The topic ids and leader epochs an offset keeps (spark_consumer/source/driver/seen_in.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_consumer.source.seen_in import SeenIn
+from spark_consumer.source.driver.seen_in import SeenIn
 
 topics = st.sampled_from(["orders", "clicks", "ctl"])
 partitions = st.integers(min_value=0, max_value=5)

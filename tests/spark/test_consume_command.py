@@ -225,7 +225,7 @@ _FRAMES = '  File "/job/udf.py", line 3, in parse\n    return json.loads(value)\
     ("report", "line"),
     [
         (
-            f"{_LOST_TASK}\n{_FRAMES}spark_consumer.source.options.SourceError: not "
+            f"{_LOST_TASK}\n{_FRAMES}spark_consumer.source.shared.options.SourceError: not "
             "authorized as 'job' to read topic orders (partition 0): Broker: Topic "
             "authorization failed\n SQLSTATE: 38000",
             "not authorized as 'job' to read topic orders (partition 0): Broker: Topic "

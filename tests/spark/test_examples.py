@@ -18,7 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer
 from tests.harness.process import frozen, kill_inside_a_batch, wait_while_running

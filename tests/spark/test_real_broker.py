@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 from emitter.control_topic import ControlTopicReader
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import ControlRecord, MarkerStatus
-from spark_consumer.source.offset import SourceOffset
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.conftest import TEST_BROKER_SETTINGS, EmitterFactory, TopicFactory
 from tests.harness.emitter import (
     RunningEmitter,

@@ -40,7 +40,7 @@ from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_clients import create_topic
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.consume.job import committed_rows
-from spark_consumer.source.options import SourceError
+from spark_consumer.source.shared.options import SourceError
 from tests.harness.emitter import after_polls, start_emitter
 from tests.harness.factories import SLACKWATER, run_cli, wait_until
 from tests.harness.kafka_writer import BASE_MS, Writer

@@ -21,10 +21,10 @@ from spark_consumer.source import (
     serve_source_metrics,
     with_valve_watermark,
 )
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
 from spark_consumer.source.metrics import partitions_of
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.shared.options import SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.conftest import TopicFactory
 from tests.harness.factories import scrape_metrics
 from tests.harness.kafka_writer import BASE_MS, Writer
@@ -361,12 +361,12 @@ def test_a_planner_takes_only_its_own_clients_failed_authentication() -> None:
     given = {"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "subscribe": "t"}
     refused, healthy = (SlackwaterStreamReader(SourceOptions.parse(given)) for _ in range(2))
     words = "sasl://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed"
-    kafka_logging.client_logging(refused.broker.client("admin"))["error_cb"](
+    kafka_logging.client_logging(refused.kafka.client("admin"))["error_cb"](
         KafkaError(KafkaError._AUTHENTICATION, words)
     )
     try:
-        assert healthy.broker.authentication_failure() is None
-        failure = refused.broker.authentication_failure()
+        assert healthy.kafka.authentication_failure() is None
+        failure = refused.kafka.authentication_failure()
         assert failure is not None and failure.str() == words
     finally:
         refused.stop()
@@ -390,7 +390,7 @@ def test_each_planner_client_keeps_its_own_failure_when_another_answers() -> Non
         "kafka.sasl.username": "orders-job",
     }
     planner = SlackwaterStreamReader(SourceOptions.parse(given))
-    broker = planner.broker
+    broker = planner.kafka
     assert len({broker.client(role) for role in ("admin", "control", "progress")}) == 3
     control = broker.consumer("control")
     words = "sasl://127.0.0.1:1/1: SASL authentication error: Authentication failed"

@@ -222,7 +222,7 @@ def test_ending_offsets_without_available_now_is_refused_in_one_line(
 
 
 def test_an_unreadable_ending_offsets_is_named() -> None:
-    from spark_consumer.source.options import SourceOptions
+    from spark_consumer.source.shared.options import SourceOptions
 
     base = {"kafka.bootstrap.servers": "localhost:1", "subscribe": "t"}
     for wrong in ('{"t": {"0": -2}}', "[1]", "yesterday", '{"t": {"0": "5"}}'):

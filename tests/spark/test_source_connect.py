@@ -37,7 +37,11 @@ from slackwater.kafka_broker import KafkaBroker, free_port
 from slackwater.markers import MarkerStatus
 from spark_consumer.consume.job import QUIET_LOG4J, THREAD_STACK
 from spark_consumer.source import SlackwaterKafkaSource, serve_source_metrics, with_valve_watermark
-from spark_consumer.source.options import EVENT_TIME, WATERMARK_DELAY_METADATA, WATERMARK_DELAY_MS
+from spark_consumer.source.shared.options import (
+    EVENT_TIME,
+    WATERMARK_DELAY_METADATA,
+    WATERMARK_DELAY_MS,
+)
 from spark_consumer.source.stream import task_options
 from tests.harness.factories import ROOT, scrape_metrics
 from tests.harness.kafka_writer import BASE_MS, Writer

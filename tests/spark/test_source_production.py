@@ -23,11 +23,12 @@ from pyspark.sql import SparkSession
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.source import SourceError
-from spark_consumer.source.broker import BrokerView, PlannerBroker
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import PROGRESS_RETENTION_MS, SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader
-from spark_consumer.source.progress_collector import ProgressCollector
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.driver.planner_client import PlannerClient
+from spark_consumer.source.driver.progress_collector import ProgressCollector
+from spark_consumer.source.shared.options import PROGRESS_RETENTION_MS, SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 from tests.conftest import TEST_BROKER_SETTINGS, TopicFactory
 from tests.harness.factories import wait_until
 from tests.harness.kafka_writer import BASE_MS, Writer
@@ -100,7 +101,7 @@ class _MarkerDuringWait(SlackwaterStreamReader):
 
     def __init__(self, options: SourceOptions) -> None:
         super().__init__(options)
-        self.progress = _WriteDuringWait(options, self.broker)
+        self.progress = _WriteDuringWait(options, self.kafka)
 
 
 def test_a_marker_written_while_the_planner_waits_is_read_by_the_next_plan(
@@ -526,7 +527,7 @@ def test_a_topic_recreated_while_the_query_was_down_is_known_by_its_id(
         restarted.stop()
 
 
-class _LowBroker(PlannerBroker):
+class _LowBroker(PlannerClient):
     """The real broker's answers, but while ``low`` the plans see ``topic``'s partition
     0 end at 0, answered in the leader epoch ``epoch_ahead`` past the real answer's: what
     a leader that lost its place answers (the same epoch or an older one), or a new
@@ -539,7 +540,7 @@ class _LowBroker(PlannerBroker):
         self.low = True
         self.lowered = 0
 
-    def observe(self, planned: Collection[str]) -> BrokerView:
+    def observe(self, planned: Collection[str]) -> PlanAnswers:
         now = super().observe(planned)
         if not self.low:
             return now
@@ -1004,9 +1005,9 @@ def test_log_ends_asked_in_several_requests_are_each_partitions_own(
 ) -> None:
     """ListOffsets go out REQUEST_PARTITIONS at a time (issue 33): every partition's log
     end, leader epoch and gone-back judgment is its own, whichever request asked it."""
-    from spark_consumer.source import broker as planner_broker
+    from spark_consumer.source.driver import planner_client
 
-    monkeypatch.setattr(planner_broker, "REQUEST_PARTITIONS", 2)
+    monkeypatch.setattr(planner_client, "REQUEST_PARTITIONS", 2)
     topic = new_topic(partitions=5)
     write = Writer(broker.bootstrap_servers, topic, new_topic(prefix="ctl"))
     for partition in range(5):
@@ -1018,9 +1019,9 @@ def test_log_ends_asked_in_several_requests_are_each_partitions_own(
         assert sorted(r["partition"] for r in real(rows)) == [
             p for p in range(5) for _ in range(p + 1)
         ]
-        assert driven.reader.broker._built is not None
-        built = driven.reader.broker._built[2]
+        assert driven.reader.kafka._built is not None
+        built = driven.reader.kafka._built[2]
         assert [len(r.partitions) for r in built] == [2, 2, 1]  # three requests
-        assert set(driven.reader.broker.seen.leader_epochs) == {(topic, p) for p in range(5)}
+        assert set(driven.reader.identity.leader_epochs) == {(topic, p) for p in range(5)}
     finally:
         driven.stop()

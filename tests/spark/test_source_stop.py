@@ -24,8 +24,8 @@ from pyspark.sql.types import StructType
 
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.source import SlackwaterKafkaSource, stream_options
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.planner import SlackwaterStreamReader
+from spark_consumer.source.driver.planner import SlackwaterStreamReader
+from spark_consumer.source.shared.options import SourceOptions
 from tests.conftest import TopicFactory
 from tests.harness.factories import wait_until
 from tests.harness.kafka_writer import Writer

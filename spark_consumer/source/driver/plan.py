@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from slackwater.markers import Marker
+from slackwater.markers import Marker, TopicPartitionKey
 from spark_consumer.alignment import MarkerAligner
-from spark_consumer.source.offset import (
+from spark_consumer.source.shared.options import SourceError, channel
+from spark_consumer.source.wire.offset import (
     OffsetFormatError,
     Offsets,
     SourceOffset,
     ranges,
     unreadable,
 )
-from spark_consumer.source.options import SourceError, channel
 from spark_consumer.valve import MIN_WATERMARK
 
 if TYPE_CHECKING:
-    from spark_consumer.source.broker import BrokerView
+    from spark_consumer.source.driver.plan_answers import PlanAnswers
 
 
 @dataclass
@@ -168,7 +168,7 @@ def plan_of(offset: SourceOffset, aligner: MarkerAligner) -> Plan:
     )
 
 
-def nothing_new_since(start: SourceOffset, now: BrokerView) -> bool:
+def nothing_new_since(start: SourceOffset, now: PlanAnswers) -> bool:
     """No range to account for, no new record on the data or control topics, no new
     partition: planning would return ``start``."""
     if start.data_from != start.data:
@@ -185,7 +185,7 @@ def nothing_new_since(start: SourceOffset, now: BrokerView) -> bool:
     return bool(now.control_ends.items() <= start.control.items())
 
 
-def unseen_channels(data: Offsets, now: BrokerView) -> set[str]:
+def unseen_channels(data: Offsets, now: PlanAnswers) -> set[str]:
     """The channels of partitions whose log end the broker did not give this plan: their
     idle clocks do not run (semantics.md, "Kafka's evidence")."""
     return {
@@ -208,7 +208,7 @@ def same_batch(start: SourceOffset, offset: SourceOffset) -> bool:
     )
 
 
-def data_ends(data: Offsets, latest: dict[tuple[str, int], int], limit: ReadLimit) -> Offsets:
+def data_ends(data: Offsets, latest: dict[TopicPartitionKey, int], limit: ReadLimit) -> Offsets:
     """Where the batch's ranges end: the log ends, within the read limit."""
     ends: Offsets = {}
     for topic, partitions in data.items():

@@ -1,7 +1,9 @@
-"""Whether a partition's offsets went back (the topic re-created, or its log truncated),
-judged on Kafka's evidence alone (``slackwater.kafka_evidence`` rules 3 and 6), for the
-planner's data and control topics; never on a timer. The planner's ``PlannerBroker``
-asks the broker; this room keeps what the positions were seen in and judges.
+"""Whether a partition is still the one the query read: its offsets went back (the topic
+re-created, or its log truncated) or it vanished (its topic deleted, or re-created with
+fewer partitions), judged on Kafka's evidence alone (``slackwater.kafka_evidence`` rules
+1-3 and 6), for the planner's data and control topics; never on a timer. The planner's
+``PlannerClient`` asks the broker; this room keeps what the positions were seen in
+(``seen_in``: topic ids, leader epochs) and judges.
 
     answer for a partition, against its position:
         at or past it, from the newest epoch seen   -> its epoch is known from here
@@ -14,23 +16,22 @@ asks the broker; this room keeps what the positions were seen in and judges.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException
 
 from slackwater import kafka_evidence
-from spark_consumer.source.offset import Offsets
-from spark_consumer.source.options import SourceError, SourceOptions
-from spark_consumer.source.seen_in import SeenIn
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.seen_in import SeenIn
+from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.wire.offset import Offsets
 
-if TYPE_CHECKING:
-    from spark_consumer.source.broker import BrokerView
-
-log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
-# A partition of a topic: (topic, partition).
-Key = tuple[str, int]
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("broker")
 
 
-class GoneBack:
+class PartitionIdentity:
     """The judgment, and what it keeps between plans: the ids and epochs (``seen``, kept
     in the offset), the partitions found gone back and not started again yet, and those
     said stale."""
@@ -39,19 +40,43 @@ class GoneBack:
         self,
         options: SourceOptions,
         topic_ids_now: Callable[[Collection[str]], dict[str, str]],
+        describe: Callable[[str], Any],
     ) -> None:
         self.options = options
         self._topic_ids_now = topic_ids_now  # DescribeTopics
+        self._describe = describe  # one topic's metadata, asked for by name (None: unlisted)
         self.seen = SeenIn()
         self.leader_epochs = self.seen.leader_epochs
         self.topic_ids = self.seen.topic_ids
         # Partitions whose log end is below the position and was said so.
-        self._said_low: set[Key] = set()
+        self._said_low: set[TopicPartitionKey] = set()
         # Partitions found gone back and not yet started again (``started_again``): the
         # evidence is taken once (the new topic id is kept), so the finding is.
-        self._going_back: set[Key] = set()
+        self._going_back: set[TopicPartitionKey] = set()
+        # Answers in a row that a read partition is not listed (rule 2).
+        self._missing: dict[TopicPartitionKey, kafka_evidence.MissingAnswers] = {}
 
-    def went_back(self, data: Offsets, now: BrokerView) -> list[Key]:
+    def kept(self) -> dict[str, Any]:
+        """What the offset keeps of it (``seen_in``): the topic ids and leader epochs."""
+        return self.seen.encode()
+
+    def remember(self, kafka: Mapping[str, Any], positions: Mapping[str, Any]) -> None:
+        """A restart's first plan takes what its checkpoint's offset kept (``kept``)."""
+        self.seen.remember(kafka, positions)
+
+    def learn(self, now: PlanAnswers) -> None:
+        """A topic first seen: its id, asked once (rule 6), right after the plan's look."""
+        control = self.options.control_topic
+        unnamed = [t for t in now.counts if t not in self.topic_ids]
+        if control is not None and control not in self.topic_ids and now.control_ends:
+            unnamed.append(control)
+        if unnamed:
+            learned = self._topic_ids_now(unnamed)
+            if learned:
+                self.topic_ids.update(learned)
+                self.seen.changed()
+
+    def went_back(self, data: Offsets, now: PlanAnswers) -> list[TopicPartitionKey]:
         """Partitions whose offsets went back, on Kafka's evidence alone: the topic's id
         changed (kafka_evidence rule 6: re-created), or a log end below the position was
         answered in a newer leader epoch than any end at or past it (rule 3: truncated
@@ -68,7 +93,7 @@ class GoneBack:
             listed = {
                 t: {p: o for p, o in data[t].items() if int(p) < now.counts.get(t, 0)}
                 for t in recreated
-            }  # (those past the new topic's count vanish: PlannerBroker.vanished)
+            }  # (those past the new topic's count vanish: PlannerClient.vanished)
             went_back = self._whole(recreated, went_back, listed)
         if went_back and self.options.fail_on_data_loss:
             # Named by one that answered (a re-created topic's others may not have yet).
@@ -82,7 +107,7 @@ class GoneBack:
             )
         return went_back
 
-    def control_went_back(self, control: dict[str, int], now: BrokerView) -> list[str]:
+    def control_went_back(self, control: dict[str, int], now: PlanAnswers) -> list[str]:
         """The control topic's partitions whose offsets went back, by the same evidence
         as ``went_back``: one low answer once made the planner read it again from 0 and
         forget every emitter epoch, so a fenced emitter's marker was accepted again."""
@@ -98,11 +123,11 @@ class GoneBack:
         return [str(p) for _, p in went_back]
 
     def _went_back(
-        self, positions: Iterable[tuple[Key, int]], now: BrokerView
-    ) -> tuple[list[Key], set[str]]:
+        self, positions: Iterable[tuple[TopicPartitionKey, int]], now: PlanAnswers
+    ) -> tuple[list[TopicPartitionKey], set[str]]:
         """Those of ``positions`` whose offsets went back (rules 3 and 6), and the topics
         found re-created; every other end's leader epoch is kept as known."""
-        low: dict[Key, tuple[int, int]] = {}
+        low: dict[TopicPartitionKey, tuple[int, int]] = {}
         epochs, answered, said = self.leader_epochs, now.leader_epochs, self._said_low
         going_back, still_going_back = self._going_back, []
         for key, position in positions:
@@ -144,7 +169,9 @@ class GoneBack:
         self._going_back.update(went_back)
         return sorted(went_back + still_going_back), recreated
 
-    def _whole(self, recreated: set[str], went_back: list[Key], data: Offsets) -> list[Key]:
+    def _whole(
+        self, recreated: set[str], went_back: list[TopicPartitionKey], data: Offsets
+    ) -> list[TopicPartitionKey]:
         """``went_back`` with every partition of the re-created topics: the id is taken
         once, so a partition of the new topic that answers only in a later plan (its
         leader not ready yet) must be found now, or its new records below the old
@@ -156,18 +183,61 @@ class GoneBack:
         self.seen.changed()
         return sorted(whole.union(went_back))
 
-    def forget(self, key: Key, last_of_topic: bool) -> None:
+    def forget(self, key: TopicPartitionKey, last_of_topic: bool) -> None:
         """A partition that left the reading (vanished, unsubscribed): what was seen of it
         goes, and its topic's id with its last partition (a topic made again under the
         name later is a new one read from its start, not one gone back)."""
         self.leader_epochs.pop(key, None)
         self._going_back.discard(key)
         self._said_low.discard(key)
+        self._missing.pop(key, None)
         if last_of_topic:
             self.topic_ids.pop(key[0], None)
         self.seen.changed()
 
-    def started_again(self, key: Key) -> None:
+    def vanished(self, data: Offsets, now: PlanAnswers) -> list[TopicPartitionKey]:
+        """Partitions the broker no longer lists: a topic missing from the metadata, or
+        partitions past a topic's count (re-created with fewer).
+
+        One answer is not enough (kafka_evidence rule 2: believed when told twice in a
+        row, in two plans): a topic also goes missing from an all-topics answer when the
+        principal loses DESCRIBE, or from a broker behind on metadata. For a whole
+        topic, each answer is a request for that topic alone, which must say it does not
+        exist (rule 1); a request not answered leaves the count where it was.
+        """
+        if not self._missing and all(
+            topic in now.counts and len(partitions) <= now.counts[topic]
+            for topic, partitions in data.items()
+        ):
+            return []  # every partition read is listed (partitions are numbered from 0)
+        unlisted = {topic for topic in data if topic not in now.counts and topic not in now.listed}
+        missing = {(topic, int(partition)) for topic in unlisted for partition in data[topic]} | {
+            (topic, int(partition))
+            for topic, count in now.counts.items()
+            for partition in data.get(topic, {})
+            if int(partition) >= count
+        }
+        self._missing = {
+            key: self._missing.get(key) or kafka_evidence.MissingAnswers() for key in missing
+        }
+        said = {topic: self._topic_does_not_exist(topic) for topic in unlisted}
+        vanished = sorted(
+            key for key, answers in self._missing.items() if answers.answer(said.get(key[0], True))
+        )
+        for key in vanished:
+            del self._missing[key]
+        return vanished
+
+    def _topic_does_not_exist(self, topic: str) -> bool | None:
+        """A request for this topic alone answers that it does not exist (rule 1); None
+        if it was not answered."""
+        try:
+            described = self._describe(topic)
+        except KafkaException:
+            return None
+        return kafka_evidence.topic_missing(described)
+
+    def started_again(self, key: TopicPartitionKey) -> None:
         """A partition that went back is read from its new start: the new log's epochs
         count from here."""
         self._going_back.discard(key)
@@ -185,7 +255,7 @@ class GoneBack:
             self.seen.changed()
         return recreated
 
-    def _say_stale(self, now: BrokerView, stale: dict[Key, tuple[int, int]]) -> None:
+    def _say_stale(self, now: PlanAnswers, stale: dict[TopicPartitionKey, tuple[int, int]]) -> None:
         """Once per partition while it lasts (a partition past it is said again)."""
         for key, (end, position) in sorted(stale.items()):
             if key in self._said_low:

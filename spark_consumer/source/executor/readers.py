@@ -13,19 +13,20 @@ import pyarrow as pa
 from confluent_kafka import TopicPartition
 
 from slackwater import kafka_clients, kafka_logging
-from spark_consumer.source import reader_clients
-from spark_consumer.source.arrow_rows import RowBuilder, runs, synthetic_batch
-from spark_consumer.source.late_rows import write_range
-from spark_consumer.source.options import (
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.executor import reader_clients
+from spark_consumer.source.executor.arrow_rows import RowBuilder, runs, synthetic_batch
+from spark_consumer.source.executor.reader_ranges import READER_GROUP, Reading, follow_gone
+from spark_consumer.source.shared.late_rows import write_range
+from spark_consumer.source.shared.options import (
     GONE_CHECK_S,
     READER,
     READER_CLIENT,
     SourceError,
     SourceOptions,
 )
-from spark_consumer.source.progress import Progress
-from spark_consumer.source.reader_ranges import READER_GROUP, Key, Reading, follow_gone
-from spark_consumer.source.splits import (
+from spark_consumer.source.wire.progress import Progress
+from spark_consumer.source.wire.splits import (
     SyntheticPartition,
     TaskPartition,
     late_events_watermark,
@@ -100,7 +101,7 @@ def _read(
     lease: reader_clients.Lease,
     options: SourceOptions,
     builder: RowBuilder,
-    reading: dict[Key, Reading],
+    reading: dict[TopicPartitionKey, Reading],
 ) -> Iterator[pa.RecordBatch]:
     consumer = lease.consumer
     open_ranges = {key: r for key, r in reading.items() if not r.done}
@@ -118,7 +119,7 @@ def _read(
         if messages:
             deadline = time.monotonic() + options.read_timeout_s
         now = time.monotonic()
-        stalled: dict[Key, Any] = dict(failures)
+        stalled: dict[TopicPartitionKey, Any] = dict(failures)
         if now >= next_check and len(messages) < asked:
             # The consumer has nothing more queued: a range still this long gets nothing.
             stalled.update(
@@ -156,17 +157,17 @@ def _read(
 
 def _take(
     messages: list[Any],
-    open_ranges: dict[Key, Reading],
-    reading: dict[Key, Reading],
+    open_ranges: dict[TopicPartitionKey, Reading],
+    reading: dict[TopicPartitionKey, Reading],
     builder: RowBuilder,
     lease: reader_clients.Lease,
     *,
     options: SourceOptions,
-) -> dict[Key, Any]:
+) -> dict[TopicPartitionKey, Any]:
     """One consume call's records into the builder, each range's position moved; returns
     the first error of each range that had one. A client-wide refusal (the reader's
     group not the principal's to describe: GROUP_AUTHORIZATION_FAILED) ends the task."""
-    failures: dict[Key, Any] = {}
+    failures: dict[TopicPartitionKey, Any] = {}
     for key, records, failure in runs(messages):
         if failure is not None:
             # An error event: this consumer is not given back to the pool after it.
@@ -199,7 +200,7 @@ def _take(
     return failures
 
 
-def _skip_gaps(consumer: Any, open_ranges: dict[Key, Reading]) -> None:
+def _skip_gaps(consumer: Any, open_ranges: dict[TopicPartitionKey, Reading]) -> None:
     """Offset gaps (transaction markers, compaction): the consumer's position moves past
     offsets that carry no record."""
     if not open_ranges:
@@ -215,7 +216,7 @@ def _finish_task(
     options: SourceOptions,
     task: TaskPartition,
     builder: RowBuilder,
-    reading: dict[Key, Reading],
+    reading: dict[TopicPartitionKey, Reading],
     batch_id: int | None,
 ) -> None:
     """The ranges were read whole: the rows the job will drop go aside, then the task's

@@ -19,15 +19,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from slackwater.markers import Marker
+from slackwater import kafka_clients
+from slackwater.markers import Marker, TopicPartitionKey
 from spark_consumer.alignment import MarkerAligner
-from spark_consumer.source import partitions as broker_partitions
-from spark_consumer.source import planner_process, restart_options
-from spark_consumer.source.broker import BrokerView, PlannerBroker
-from spark_consumer.source.control_reader import ControlReader
-from spark_consumer.source.offset import Offsets, SourceOffset
-from spark_consumer.source.options import SourceOptions, channel
-from spark_consumer.source.plan import (
+from spark_consumer.source.driver import planner_process, restart_options, topic_partitions
+from spark_consumer.source.driver.control_reader import ControlReader
+from spark_consumer.source.driver.partition_identity import PartitionIdentity
+from spark_consumer.source.driver.plan import (
     Plan,
     PlanMemory,
     Watermarks,
@@ -39,10 +37,14 @@ from spark_consumer.source.plan import (
     same_batch,
     unseen_channels,
 )
-from spark_consumer.source.progress_collector import ProgressCollector
-from spark_consumer.source.run_ends import RunEnds
-from spark_consumer.source.seen_in import kept_epochs
-from spark_consumer.source.splits import batch_tasks, options_for
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.planner_client import PlannerClient
+from spark_consumer.source.driver.progress_collector import ProgressCollector
+from spark_consumer.source.driver.run_ends import RunEnds
+from spark_consumer.source.driver.seen_in import kept_epochs
+from spark_consumer.source.shared.options import SourceOptions, channel
+from spark_consumer.source.wire.offset import Offsets, SourceOffset
+from spark_consumer.source.wire.splits import batch_tasks, options_for
 from spark_consumer.valve import MIN_WATERMARK
 
 
@@ -53,17 +55,19 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     The invoking chain of one micro-batch (semantics.md §6)::
 
         latestOffset(start, limit)
-          1. look at the broker          broker.observe: partitions, log ends, control ends
+          1. look at Kafka               kafka.observe (planner_client): partitions, log
+                                         ends, control ends; identity.learn: new topic ids
           2. collect progress            progress.collect: what the last batch read
-          3. follow partitions           partitions.follow: new ones join, went back
+          3. follow partitions           topic_partitions.follow: new ones join, went back
+                                         (identity.went_back, partition_identity.py)
           4. read markers                control.read: from the control topic, up to its ends
           5. align                       aligner.advance: progress and markers into the valve;
-                                         partitions.drop_vanished: deleted ones FINISH
+                                         topic_partitions.drop_vanished: deleted ones FINISH
           6. make the offset             plan.make_offset: data ends, the valve's watermark
         (availableNow: the plan sees up to the run's ends, run_ends.py; a start returned
          while the run owes records is planned again)
-        partitions(start, end)           splits.batch_tasks: reader tasks, synthetic row
-        read(partition)                  readers.read, on an executor
+        partitions(start, end)           wire/splits.batch_tasks: reader tasks, synthetic row
+        read(partition)                  executor/readers.read, on an executor
         commit(end)                      nothing: offsets live in Spark's checkpoint
 
     The offset returned records the data end offsets, the control and progress topic
@@ -71,12 +75,21 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     a replay plans the same batch and a restart continues from it.
     """
 
-    def __init__(self, options: SourceOptions, broker: PlannerBroker | None = None) -> None:
+    def __init__(self, options: SourceOptions, kafka: PlannerClient | None = None) -> None:
         self.options = options
         # The view of the broker every room plans on (a test's may answer otherwise).
-        self.broker = broker or PlannerBroker(options)
-        self.control = ControlReader(options, self.broker, self._channel_of)
-        self.progress = ProgressCollector(options, self.broker)
+        self.kafka = kafka or PlannerClient(options)
+        # Whether each partition is still the one read (went back, vanished), judged on
+        # what the positions were seen in (topic ids, leader epochs: kept in the offset).
+        self.identity = PartitionIdentity(
+            options,
+            lambda names: kafka_clients.topic_ids(
+                self.kafka.admin, names, options.request_timeout_s
+            ),
+            self.kafka.describe,
+        )
+        self.control = ControlReader(options, self.kafka, self.identity, self._channel_of)
+        self.progress = ProgressCollector(options, self.kafka)
         self._memory = PlanMemory(options.max_event_time_ahead_ms)
         # Whether this reader has planned yet: its first plan restores a checkpoint.
         self._planned = False
@@ -105,7 +118,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802
         partitions = self._first_look()
-        starting = self.broker.list_offsets(
+        starting = self.kafka.list_offsets(
             partitions, self.options.starting_offsets, wait_for_all=True
         )
         data: Offsets = {}
@@ -116,8 +129,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         control = self.options.control_topic
         plan = Plan(
             data=data,
-            control={p: 0 for p in self.broker.topic_ends(control)} if control else {},
-            progress=self.broker.topic_ends(self.options.progress_topic),
+            control={p: 0 for p in self.kafka.topic_ends(control)} if control else {},
+            progress=self.kafka.topic_ends(self.options.progress_topic),
             aligner=aligner,
             query=uuid.uuid4().hex,
         )
@@ -151,7 +164,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         now = self._observe(start)  # 1. look at the broker
         if now is None:
             return start_json  # no batch while the broker is away; the query keeps running
-        self.broker.authentication_failure()  # the broker answered: one before is history
+        self.kafka.authentication_failure()  # the broker answered: one before is history
         self.run.see(now, start)  # availableNow: the run's ends (Kafka's evidence: ``now``)
         idle_clocks = self.options.consumer_idle_timeout_ms is not None
         owed = idle_clocks or changes.pending or self.run.bounded or self.run.owes_eviction(start)
@@ -164,7 +177,9 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # 3. Partitions that appeared join as channels (with the markers held for them),
         #    and partitions whose offsets went back follow failOnDataLoss: before the
         #    markers, so that a marker for a partition that just appeared applies now.
-        broker_partitions.follow(plan, now, batch, self.broker, run_view.counts)
+        topic_partitions.follow(
+            plan, now, batch, self.kafka, identity=self.identity, joining=run_view.counts
+        )
         self.control.release_held(plan)
         # 4. New markers are read up to the ends seen in step 1.
         self.control.read(plan, now, run_view.control_ends)
@@ -176,8 +191,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #    batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
         plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
-        broker_partitions.drop_unsubscribed(plan, self.options, self.broker)
-        broker_partitions.drop_vanished(plan, now, self.broker)
+        topic_partitions.drop_unsubscribed(plan, self.options, self.identity)
+        topic_partitions.drop_vanished(plan, now, self.identity)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
         # (The run's view again: partitions.follow takes out log ends it cannot plan on.)
@@ -194,7 +209,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             data=ends,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
-            kafka=self.broker.seen.encode(),
+            kafka=self.identity.kept(),
             planned_with={**self._planned_with, **self.run.kept()},
         )
         if same_batch(start, offset) and not self.run.owes_eviction(start):
@@ -211,19 +226,19 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
             with contextlib.suppress(KafkaException):
-                self.broker.ensure_progress_topic()
+                self.kafka.ensure_progress_topic()
             self._progress_topic_checked = True
         tasks, synthetic = batch_tasks(
             self.options,
             end,
-            {**self.broker.topic_ids, **_kept_ids(end)},
+            {**self.identity.topic_ids, **_kept_ids(end)},
             kept_epochs(end.kafka, end.data),
         )
         return [*tasks, synthetic] if synthetic is not None else tasks
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # On an executor: the readers' module is loaded there, never by the planner.
-        from spark_consumer.source import readers
+        from spark_consumer.source.executor import readers
 
         return readers.read(options_for(self.options, partition), partition)
 
@@ -247,27 +262,29 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # ------------------------------------------------------------ helpers of the calls
 
-    def _first_look(self) -> list[tuple[str, int]]:
+    def _first_look(self) -> list[TopicPartitionKey]:
         """The subscribed partitions, once the broker answers: without a broker there is
         no first offset, so it is asked until it answers, saying so."""
         while True:
             try:
-                self.broker.admin.list_topics(timeout=min(5.0, self.options.request_timeout_s))
-                self.broker.ensure_progress_topic()
-                return self.broker.subscribed_partitions()
+                self.kafka.admin.list_topics(timeout=min(5.0, self.options.request_timeout_s))
+                self.kafka.ensure_progress_topic()
+                return self.kafka.subscribed_partitions()
             except KafkaException as error:
-                self.broker.unreachable(error)
+                self.kafka.unreachable(error)
                 time.sleep(1.0)
 
-    def _observe(self, start: SourceOffset) -> BrokerView | None:
+    def _observe(self, start: SourceOffset) -> PlanAnswers | None:
         """What the broker shows now; None while it is away (no batch; the query keeps
         running). A run under availableNow waits for it instead: returning its start
         would end the run with its records unread."""
         while True:
             try:
-                return self.broker.observe(start.data.keys())
+                now = self.kafka.observe(start.data.keys())
+                self.identity.learn(now)  # a topic first seen: its id (rule 6)
+                return now
             except KafkaException as error:
-                self.broker.unreachable(error)
+                self.kafka.unreachable(error)
                 self._blind = True
                 if not self.run.available_now:
                     return None
@@ -278,7 +295,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if not self._remembered:
             control = start.control if not changes.control_topic else {}  # another topic's
             positions = {**start.data, self.options.control_topic or "": control}
-            self.broker.seen.remember(start.kafka, positions)
+            self.identity.remember(start.kafka, positions)
             self._remembered = True
 
     def _restore(self, offset: SourceOffset) -> Plan:

@@ -1,5 +1,6 @@
-"""The planner's view of the broker: every metadata, describe and ListOffsets request the
-driver makes, and the judgments it makes from the answers (refused, went back, vanished).
+"""The planner's Kafka clients: every metadata, describe and ListOffsets request the
+driver makes, and what a refusal or no answer means for the query. Whether a partition
+went back or vanished is judged apart, on these answers (``partition_identity``).
 
 As the emitter's ``observer.py`` is the emitter's, and Spark's ``KafkaOffsetReader`` is
 its ``KafkaMicroBatchStream``'s: one object asks, the planner decides. What the answers
@@ -13,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException
@@ -23,43 +24,25 @@ from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offset
 from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
 from slackwater.list_offsets import Request as OffsetsRequest
-from spark_consumer.source.gone_back import GoneBack
-from spark_consumer.source.offset import Offsets
-from spark_consumer.source.options import PLANNER, SOURCE_CLIENT, SourceError, SourceOptions
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.shared.options import PLANNER, SOURCE_CLIENT, SourceError, SourceOptions
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
-log = logging.getLogger("spark_consumer.source.planner").getChild("broker")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("broker")
 # The planner's consumers read by assignment and commit nothing; librdkafka still finds
 # this group's coordinator (docs/deploy.md's ACLs allow Describe on it).
 PLANNER_GROUP = "slackwater-source-planner"
 # Repeats while the broker is away, or refuses a topic: one line per kind per 30 s.
-log_refused = once_per_interval("spark_consumer.source.planner.refused")
-log_unreachable = once_per_interval("spark_consumer.source.planner.connection")
-# A partition of a topic: (topic, partition).
-Key = tuple[str, int]
+log_refused = once_per_interval("spark_consumer.source.driver.planner.refused")
+log_unreachable = once_per_interval("spark_consumer.source.driver.planner.connection")
 # ListOffsets go out in requests of this many partitions, all submitted before any is
 # awaited: librdkafka's CPU per partition grows with the size of one request (the
 # emitter's measure, emitter/observer.py; the planner's, docs/performance.md, issue 33).
 REQUEST_PARTITIONS = 250
 
 
-@dataclass(frozen=True)
-class BrokerView:
-    """What one plan saw of the broker (``PlannerBroker.observe``), as the emitter's
-    BrokerView is what one poll saw."""
-
-    counts: dict[str, int]  # partitions per subscribed topic (listed without an error)
-    listed: frozenset[str]  # every topic the broker lists, with an error or not
-    latest: dict[Key, int]  # log ends (last stable offsets if read_committed)
-    control_ends: dict[str, int]  # the control topic's log ends; empty if it does not exist
-    # The leader epoch each log end was answered in, where the broker gave one.
-    leader_epochs: dict[Key, int] = field(default_factory=dict)
-    # The progress topic's partitions, from the same metadata; None if it is not listed
-    # there (not there, or not the principal's to list: asked by name then).
-    progress_partitions: tuple[int, ...] | None = None
-
-
-class PlannerBroker:
+class PlannerClient:
     """The planner's Kafka clients and every question they ask; every request bounded by
     the option requestTimeoutMs."""
 
@@ -69,18 +52,10 @@ class PlannerBroker:
         # answers, nor another query's (kafka_logging keys failures by the whole name).
         self.client_name = f"{SOURCE_CLIENT}.planner#{uuid.uuid4().hex[:8]}"
         self._admin: Any = None
-        # Offsets gone back, judged on what the positions were seen in (gone_back.py).
-        self.gone = GoneBack(
-            options, lambda names: kafka_clients.topic_ids(self.admin, names, self._timeout_s)
-        )
-        self.seen = self.gone.seen
-        self.topic_ids = self.gone.topic_ids
-        # Answers in a row that a read partition is not listed (rule 2).
-        self._missing: dict[Key, kafka_evidence.MissingAnswers] = {}
         # The plan's ListOffsets requests: (the log ends asked, the spec, their requests).
-        self._built: tuple[list[Key], str, list[OffsetsRequest]] | None = None
+        self._built: tuple[list[TopicPartitionKey], str, list[OffsetsRequest]] | None = None
         # The log ends a plan asks, by the partition counts they were made of.
-        self._asked_shape: tuple[tuple[Any, int], list[Key]] | None = None
+        self._asked_shape: tuple[tuple[Any, int], list[TopicPartitionKey]] | None = None
 
     def client(self, role: str) -> str:
         """The name of this planner's client ``role``: admin, control or progress."""
@@ -124,7 +99,7 @@ class PlannerBroker:
 
     # ---------------------------------------------------------------- what is there
 
-    def observe(self, planned: Collection[str]) -> BrokerView:
+    def observe(self, planned: Collection[str]) -> PlanAnswers:
         """One metadata request and one ListOffsets round for the whole plan: the
         subscribed topics' partitions and log ends, and the control topic's ends
         (``planned``: the topics the query has read, see ``_not_refused``)."""
@@ -140,16 +115,8 @@ class PlannerBroker:
             for p in range(control_count)
             if control is not None and (control, p) in latest
         }
-        unnamed = [t for t in counts if t not in self.topic_ids]
-        if control is not None and control not in self.topic_ids and control_ends:
-            unnamed.append(control)
-        if unnamed:  # a topic first seen: its id, once (rule 6)
-            learned = kafka_clients.topic_ids(self.admin, unnamed, self._timeout_s)
-            if learned:
-                self.topic_ids.update(learned)
-                self.seen.changed()
         progress = metadata.topics.get(self.options.progress_topic)
-        return BrokerView(
+        return PlanAnswers(
             counts,
             frozenset(metadata.topics),
             latest,
@@ -158,7 +125,9 @@ class PlannerBroker:
             None if progress is None or progress.error else tuple(progress.partitions),
         )
 
-    def _log_ends_asked(self, counts: dict[str, int], control_count: int) -> list[Key]:
+    def _log_ends_asked(
+        self, counts: dict[str, int], control_count: int
+    ) -> list[TopicPartitionKey]:
         """Every partition of the subscribed topics, then the control topic's: the same
         list while the counts stay the same (10 ms to build at 10,000 partitions)."""
         shape = (tuple(counts.items()), control_count)
@@ -169,7 +138,7 @@ class PlannerBroker:
             self._asked_shape = (shape, asked)
         return self._asked_shape[1]
 
-    def subscribed_partitions(self) -> list[Key]:
+    def subscribed_partitions(self) -> list[TopicPartitionKey]:
         """Every partition of the subscribed topics the broker lists now."""
         counts = self._subscribed(self.admin.list_topics(timeout=self._timeout_s))
         return [(t, p) for t, count in counts.items() for p in range(count)]
@@ -220,7 +189,7 @@ class PlannerBroker:
     # ---------------------------------------------------------------- offsets
 
     def list_offsets(
-        self, partitions: list[Key], spec_name: str, *, wait_for_all: bool = False
+        self, partitions: list[TopicPartitionKey], spec_name: str, *, wait_for_all: bool = False
     ) -> Answers:
         """Offsets of the partitions that have one now. A partition just created or
         moving leader answers with an error Kafka's protocol calls retriable: it is left
@@ -247,12 +216,12 @@ class PlannerBroker:
         return offsets
 
     def _asked(
-        self, partitions: list[Key], spec_name: str, wait_for_all: bool
-    ) -> tuple[Answers, dict[Key, str]]:
+        self, partitions: list[TopicPartitionKey], spec_name: str, wait_for_all: bool
+    ) -> tuple[Answers, dict[TopicPartitionKey, str]]:
         """One round; when waiting for all, a request that failed whole (no leader known
         for any partition, no answer in time: seen while a whole cluster restarts) leaves
         every partition not ready, asked again until the deadline. Otherwise it is the
-        caller's: a plan stands still as blind (``PlannerBroker.unreachable``)."""
+        caller's: a plan stands still as blind (``PlannerClient.unreachable``)."""
         try:
             return self._list_offsets_once(partitions, spec_name)
         except KafkaException as error:
@@ -267,7 +236,9 @@ class PlannerBroker:
             name = reason.name() if isinstance(reason, KafkaError) else str(error)
             return Answers(), dict.fromkeys(partitions, name)
 
-    def _requests(self, partitions: list[Key], spec_name: str) -> list[OffsetsRequest]:
+    def _requests(
+        self, partitions: list[TopicPartitionKey], spec_name: str
+    ) -> list[OffsetsRequest]:
         """The requests of ``partitions``, REQUEST_PARTITIONS each. The plan's log ends
         (``_log_ends_asked``'s list, the same while the partition counts stay the same)
         are built once; any other question (a few partitions, now and then) for itself."""
@@ -284,8 +255,8 @@ class PlannerBroker:
         return requests
 
     def _list_offsets_once(
-        self, partitions: list[Key], spec_name: str
-    ) -> tuple[Answers, dict[Key, str]]:
+        self, partitions: list[TopicPartitionKey], spec_name: str
+    ) -> tuple[Answers, dict[TopicPartitionKey, str]]:
         if not partitions:
             return Answers(), {}
         isolation = (
@@ -305,7 +276,7 @@ class PlannerBroker:
             offsets.update(answered)
             offsets.leader_epochs.update(getattr(answered, "leader_epochs", {}))
         # The errors taken out of the offsets (the rare case: found in one pass).
-        not_ready: dict[Key, str] = {}
+        not_ready: dict[TopicPartitionKey, str] = {}
         for key in [key for key, answer in offsets.items() if isinstance(answer, KafkaError)]:
             answer = offsets.pop(key)
             if not list_offsets.retriable(answer):
@@ -346,55 +317,6 @@ class PlannerBroker:
             raise self.options.refused(
                 error.args[0], f"create progress topic {name}"
             ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
-
-    # ---------------------------------------------------------------- judgments
-
-    def forget(self, key: Key, last_of_topic: bool) -> None:
-        """A partition that left the reading (vanished, unsubscribed): see GoneBack."""
-        self.gone.forget(key, last_of_topic)
-        self._missing.pop(key, None)
-
-    def vanished(self, data: Offsets, now: BrokerView) -> list[Key]:
-        """Partitions the broker no longer lists: a topic missing from the metadata, or
-        partitions past a topic's count (re-created with fewer).
-
-        One answer is not enough (kafka_evidence rule 2: believed when told twice in a
-        row, in two plans): a topic also goes missing from an all-topics answer when the
-        principal loses DESCRIBE, or from a broker behind on metadata. For a whole
-        topic, each answer is a request for that topic alone, which must say it does not
-        exist (rule 1); a request not answered leaves the count where it was.
-        """
-        if not self._missing and all(
-            topic in now.counts and len(partitions) <= now.counts[topic]
-            for topic, partitions in data.items()
-        ):
-            return []  # every partition read is listed (partitions are numbered from 0)
-        unlisted = {topic for topic in data if topic not in now.counts and topic not in now.listed}
-        missing = {(topic, int(partition)) for topic in unlisted for partition in data[topic]} | {
-            (topic, int(partition))
-            for topic, count in now.counts.items()
-            for partition in data.get(topic, {})
-            if int(partition) >= count
-        }
-        self._missing = {
-            key: self._missing.get(key) or kafka_evidence.MissingAnswers() for key in missing
-        }
-        said = {topic: self._topic_does_not_exist(topic) for topic in unlisted}
-        vanished = sorted(
-            key for key, answers in self._missing.items() if answers.answer(said.get(key[0], True))
-        )
-        for key in vanished:
-            del self._missing[key]
-        return vanished
-
-    def _topic_does_not_exist(self, topic: str) -> bool | None:
-        """A request for this topic alone answers that it does not exist (rule 1); None
-        if it was not answered."""
-        try:
-            described = self.describe(topic)
-        except KafkaException:
-            return None
-        return kafka_evidence.topic_missing(described)
 
     # ---------------------------------------------------------------- no answer
 

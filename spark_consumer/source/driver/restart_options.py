@@ -29,14 +29,14 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceError, SourceOptions
+from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
 
 if TYPE_CHECKING:
     from spark_consumer.alignment import MarkerAligner
 
 # Under the planner's logger, whose lines these are.
-log = logging.getLogger("spark_consumer.source.planner").getChild("restart_options")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("restart_options")
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,6 @@ def planned_with(options: SourceOptions) -> dict[str, Any]:
         "startingOffsets": options.starting_offsets,
         "endingOffsets": options.ending_offsets,
     }
-
-
-def event_time_field(offset: SourceOffset, options: SourceOptions) -> str | None:
-    """The field the batch that ends at ``offset`` is read by: the one it was planned with
-    (a batch Spark runs again after a restart, and the next plan's wait for its progress)."""
-    field: str | None = offset.planned_with.get("eventTimeField", options.event_time_field)
-    return field
 
 
 def apply(aligner: MarkerAligner, options: SourceOptions) -> None:

@@ -13,14 +13,14 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from slackwater import kafka_clients, kafka_evidence, list_offsets
-from spark_consumer.source.options import READER, READER_CLIENT, SourceError, SourceOptions
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.shared.options import READER, READER_CLIENT, SourceError, SourceOptions
 
-log = logging.getLogger("spark_consumer.source.readers")
+log = logging.getLogger("spark_consumer.source.executor.readers")
 # Readers read by assignment and commit nothing; librdkafka still finds this group's
 # coordinator (docs/deploy.md's ACLs allow Describe on it).
 READER_GROUP = "slackwater-reader"
 # A range's partition: (topic, partition).
-Key = tuple[str, int]
 
 
 @dataclass
@@ -60,8 +60,8 @@ class Reading:
 def follow_gone(
     consumer: Any,
     options: SourceOptions,
-    open_ranges: dict[Key, Reading],
-    stalled: dict[Key, Any],
+    open_ranges: dict[TopicPartitionKey, Reading],
+    stalled: dict[TopicPartitionKey, Any],
 ) -> bool:
     """Ranges whose records are gone move past them (failOnDataLoss=false) or stop the
     query; a range that failed with its records there fails the task. One metadata

@@ -1,15 +1,15 @@
 """Version 1 of the source's offset, read (never written): the offset logs of queries
-checkpointed before version 2 (issue 22), in every shape main wrote (tests/data)."""
+checkpointed before version 2 (issue 22), in every shape main wrote (tests/data). It
+imports nothing of the offset: a value it cannot read is a ``ValueError``, which
+``SourceOffset.decode`` reports as the offset's one line, as for any version."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from spark_consumer.source.offset import OffsetFormatError, Offsets
 
-
-def offsets(raw: Mapping[str, Mapping[str, Any]]) -> Offsets:
+def offsets(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
     return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
 
 
@@ -26,5 +26,5 @@ def aligner(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         elif len(row) == 9:
             rows.append(row)
         else:
-            raise OffsetFormatError(f"aligner row {row[:1]} has {len(row)} values, not 9")
+            raise ValueError(f"aligner row {row[:1]} has {len(row)} values, not 9")
     return {**snapshot, "partitions": rows}

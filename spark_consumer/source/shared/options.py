@@ -23,10 +23,10 @@ from pyspark.sql.types import (
 )
 
 from slackwater import kafka_clients, kafka_logging
-from slackwater.markers import partition_key
+from slackwater.markers import TopicPartitionKey, partition_key
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
-from spark_consumer.source.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
-from spark_consumer.source.late_rows import LATE_ONLY, LateRule
+from spark_consumer.source.shared.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
+from spark_consumer.source.shared.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
 # The source's Kafka clients' names: the planner's (broker.py) under it, and the readers'
@@ -312,7 +312,7 @@ def _ending_offsets(text: str | None, topics: tuple[str, ...], pattern: str | No
     return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
 
 
-def ending_by_partition(text: str) -> dict[tuple[str, int], int] | None:
+def ending_by_partition(text: str) -> dict[TopicPartitionKey, int] | None:
     """The offsets a JSON ``endingOffsets`` names, by (topic, partition); None if it is
     not one (``latest`` names none)."""
     if text == "latest":

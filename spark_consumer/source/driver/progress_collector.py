@@ -21,20 +21,22 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from slackwater import kafka_evidence
+from slackwater.markers import TopicPartitionKey
 from spark_consumer.alignment import NO_OFFSET, PartitionBatch
-from spark_consumer.source.broker import PLANNER_GROUP, BrokerView, PlannerBroker
-from spark_consumer.source.offset import Offsets, SourceOffset
-from spark_consumer.source.options import GONE_CHECK_S, SourceError, SourceOptions, channel
-from spark_consumer.source.plan import Plan
-from spark_consumer.source.progress import Progress
-from spark_consumer.source.splits import SyntheticPartition, TaskPartition, batch_tasks
+from spark_consumer.source.driver.plan import Plan
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.planner_client import PLANNER_GROUP, PlannerClient
+from spark_consumer.source.shared.options import GONE_CHECK_S, SourceError, SourceOptions, channel
+from spark_consumer.source.wire.offset import Offsets, SourceOffset
+from spark_consumer.source.wire.progress import Progress
+from spark_consumer.source.wire.splits import SyntheticPartition, TaskPartition, batch_tasks
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
-log = logging.getLogger("spark_consumer.source.planner").getChild("progress_collector")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("progress_collector")
 # A progress record's task: the reader task's split, or the batch's synthetic row.
 Task = TaskPartition | SyntheticPartition
 # Each range's progress by partition, and the batch's synthetic row's under ("", -1).
-Found = dict[tuple[str, int], Progress]
+Found = dict[TopicPartitionKey, Progress]
 
 
 # The progress consumer's prefetch, at most (KiB): what it fetches between plans waits in
@@ -60,11 +62,11 @@ class _GoneCheck:
 
 class ProgressCollector:
     """Waits for the progress records of a batch's tasks, with one consumer kept across
-    plans; asks the broker (through ``PlannerBroker``) whether missing ones are gone."""
+    plans; asks the broker (through ``PlannerClient``) whether missing ones are gone."""
 
-    def __init__(self, options: SourceOptions, broker: PlannerBroker) -> None:
+    def __init__(self, options: SourceOptions, kafka: PlannerClient) -> None:
         self.options = options
-        self._broker = broker
+        self._kafka = kafka
         self._consumer: Any = None
         # The consumer's assignment, kept from one wait to the next while the next plan
         # reads on from where it stopped: its records are fetched while the batch runs,
@@ -76,7 +78,7 @@ class ProgressCollector:
         self._at_end: set[int] = set()
 
     def collect(
-        self, start: SourceOffset, plan: Plan, now: BrokerView | None = None
+        self, start: SourceOffset, plan: Plan, now: PlanAnswers | None = None
     ) -> tuple[dict[Any, PartitionBatch], int | None]:
         """What the batch that ended at ``start`` read of each partition, for the aligner,
         and Spark's id of that batch (None if unknown); its counts go to the plan
@@ -98,7 +100,7 @@ class ProgressCollector:
         return batch, max(batch_ids) if batch_ids else None
 
     def wait_for_progress(
-        self, start: SourceOffset, plan: Plan, now: BrokerView | None = None
+        self, start: SourceOffset, plan: Plan, now: PlanAnswers | None = None
     ) -> Found:
         """The progress records of the last batch's tasks (and of its synthetic row)."""
         wanted = self._wanted(start)
@@ -107,7 +109,7 @@ class ProgressCollector:
         if self._consumer is None:
             # Between plans it holds what it fetched: a shared topic's other queries'
             # records too, bounded here (librdkafka's default is 64 MB).
-            self._consumer = self._broker.consumer("progress", PREFETCH_BOUND)
+            self._consumer = self._kafka.consumer("progress", PREFETCH_BOUND)
         positions = self._positions(plan, now)
         kept = self._assigned == positions
         if not kept:  # another start (a replay, a plan not taken): from its positions
@@ -233,7 +235,7 @@ class ProgressCollector:
                     wanted[key] = task
         return missing_topic
 
-    def _positions(self, plan: Plan, now: BrokerView | None) -> dict[int, int]:
+    def _positions(self, plan: Plan, now: PlanAnswers | None) -> dict[int, int]:
         """Every partition of the progress topic, from where the last plan stopped; from
         its beginning if the plan has no position for it (the topic is new, or was given
         more partitions since: readers' keyed records go to any of them), so no record
@@ -243,7 +245,7 @@ class ProgressCollector:
         listed = now.progress_partitions if now is not None else None
         if listed is None:
             try:
-                described = self._broker.describe(self.options.progress_topic)
+                described = self._kafka.describe(self.options.progress_topic)
             except KafkaException:
                 if not positions:
                     raise
@@ -292,16 +294,16 @@ class ProgressCollector:
         self, positions: dict[int, int], gone: _GoneCheck
     ) -> dict[int, int] | None:
         topic = self.options.progress_topic
-        described = self._broker.describe(topic)
+        described = self._kafka.describe(topic)
         missing = kafka_evidence.topic_missing(described)
         if gone.missing.answer(missing):
-            self._broker.ensure_progress_topic()
+            self._kafka.ensure_progress_topic()
             return {}
         if missing or described.error is not None or not gone.read_to_end:
             return None  # the broker cannot tell now, or the records may still come
         partitions = [(topic, p) for p in described.partitions]
-        earliest = self._broker.list_offsets(partitions, "earliest", wait_for_all=True)
-        latest = self._broker.list_offsets(partitions, "latest", wait_for_all=True)
+        earliest = self._kafka.list_offsets(partitions, "earliest", wait_for_all=True)
+        latest = self._kafka.list_offsets(partitions, "latest", wait_for_all=True)
         read_again_from: dict[int, int] = {}
         for key in partitions:
             position = max(0, positions.get(key[1], 0))

@@ -14,12 +14,14 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
-from spark_consumer.source.broker import PLANNER_GROUP, BrokerView, PlannerBroker
-from spark_consumer.source.options import MAX_HELD_MARKERS, SourceError, SourceOptions
-from spark_consumer.source.plan import Plan
+from spark_consumer.source.driver.partition_identity import PartitionIdentity
+from spark_consumer.source.driver.plan import Plan
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.planner_client import PLANNER_GROUP, PlannerClient
+from spark_consumer.source.shared.options import MAX_HELD_MARKERS, SourceError, SourceOptions
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
-log = logging.getLogger("spark_consumer.source.planner").getChild("control_reader")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("control_reader")
 
 
 class ControlReader:
@@ -28,16 +30,18 @@ class ControlReader:
     def __init__(
         self,
         options: SourceOptions,
-        broker: PlannerBroker,
+        kafka: PlannerClient,
+        identity: PartitionIdentity,
         channel_of: Callable[[Marker], str | None],
     ) -> None:
         self.options = options
-        self._broker = broker
+        self._kafka = kafka
+        self._identity = identity
         self._channel_of = channel_of
         self._consumer: Any = None
         self._warned_missing = False
 
-    def read(self, plan: Plan, now: BrokerView, ends: dict[str, int] | None = None) -> None:
+    def read(self, plan: Plan, now: PlanAnswers, ends: dict[str, int] | None = None) -> None:
         """Reads the control topic from the plan's position up to its log ends when the
         plan looked at the broker (none: the topic does not exist), or up to ``ends``
         (a run under availableNow: those it started with)."""
@@ -59,7 +63,7 @@ class ControlReader:
             return
         malformed: list[str] = []
         if self._consumer is None:
-            self._consumer = self._broker.consumer("control")
+            self._consumer = self._kafka.consumer("control")
         self._consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
         deadline = time.monotonic() + self.options.read_timeout_s
         while todo:
@@ -76,14 +80,14 @@ class ControlReader:
                 malformed[0],
             )
 
-    def _follow_ends(self, plan: Plan, now: BrokerView) -> None:
-        """A partition whose offsets went back (``GoneBack.control_went_back``: the
+    def _follow_ends(self, plan: Plan, now: PlanAnswers) -> None:
+        """A partition whose offsets went back (``PartitionIdentity.control_went_back``: the
         control topic was re-created or truncated, on Kafka's evidence) is read again
         from its start, and the epochs of a new emitter history are taken as they come.
         One below the position without that evidence stands still."""
         for partition in now.control_ends:
             plan.control.setdefault(partition, 0)
-        for partition in self._broker.gone.control_went_back(plan.control, now):
+        for partition in self._identity.control_went_back(plan.control, now):
             log.warning(
                 "control topic %s[%s] ends at %d, before this query's position %d, and "
                 "went back (re-created or truncated): reading it again from its start",

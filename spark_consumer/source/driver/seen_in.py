@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger("spark_consumer.source.planner").getChild("seen_in")
-# A partition of a topic: (topic, partition).
-Key = tuple[str, int]
+from slackwater.markers import TopicPartitionKey
+
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("seen_in")
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SeenIn:
     """The ids and epochs, and their offset form."""
 
     topic_ids: dict[str, str] = field(default_factory=dict)
-    leader_epochs: dict[Key, int] = field(default_factory=dict)
+    leader_epochs: dict[TopicPartitionKey, int] = field(default_factory=dict)
     # The encoded form, made again only after a change (at 10,000 partitions, every
     # plan would otherwise build it).
     _encoded: dict[str, Any] | None = None
@@ -69,7 +69,9 @@ class SeenIn:
         self.changed()
 
 
-def kept_epochs(kafka: Mapping[str, Any], positions: Mapping[str, Any]) -> dict[Key, int]:
+def kept_epochs(
+    kafka: Mapping[str, Any], positions: Mapping[str, Any]
+) -> dict[TopicPartitionKey, int]:
     """The leader epochs an offset kept for its ``positions`` (its data, by topic)."""
     seen = SeenIn()
     seen.remember(kafka, positions)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import SourceOptions
-from spark_consumer.source.progress import (
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.shared.options import SourceOptions
+from spark_consumer.source.wire.offset import SourceOffset
+from spark_consumer.source.wire.progress import (
     Progress,
     Range,
     TaskProgress,
@@ -29,7 +30,6 @@ from spark_consumer.source.progress import (
     synthetic_progress_key,
     task_progress_key,
 )
-from spark_consumer.source.restart_options import event_time_field
 from spark_consumer.valve import MIN_WATERMARK
 
 # A task holds at most this many ranges: its progress record stays far below Kafka's
@@ -123,7 +123,7 @@ class TaskPartition(InputPartition):
             return dataclasses.replace(progress[0], batch_id=batch_id).encode()
         return TaskProgress(tuple(progress), batch_id).encode()
 
-    def decode_progress(self, value: bytes) -> list[tuple[tuple[str, int], Progress]]:
+    def decode_progress(self, value: bytes) -> list[tuple[TopicPartitionKey, Progress]]:
         """Each range's partition and progress from this task's record (ValueError, or
         a subclass, for a record that is not one)."""
         if self.legacy:
@@ -144,7 +144,7 @@ class SyntheticPartition(InputPartition):
     watermark_delay_ms: int
     progress_key: str = ""
 
-    def decode_progress(self, value: bytes) -> list[tuple[tuple[str, int], Progress]]:
+    def decode_progress(self, value: bytes) -> list[tuple[TopicPartitionKey, Progress]]:
         """Its task's record: Spark's batch id, under no partition ("", -1)."""
         return [(("", -1), Progress.decode(value))]
 
@@ -193,7 +193,7 @@ def batch_tasks(
     options: SourceOptions,
     end: SourceOffset,
     topic_ids: Mapping[str, str] | None = None,
-    leader_epochs: Mapping[tuple[str, int], int] | None = None,
+    leader_epochs: Mapping[TopicPartitionKey, int] | None = None,
 ) -> tuple[list[TaskPartition], SyntheticPartition | None]:
     """The tasks of the batch that ends at ``end``: its reader tasks (its ranges grouped
     as the offset says), and its synthetic row once the valve has a watermark. The
@@ -230,6 +230,13 @@ def _ids_of(ranges: Sequence[Range], topic_ids: Mapping[str, str]) -> tuple[tupl
 
 
 def _epochs_of(
-    ranges: Sequence[Range], epochs: Mapping[tuple[str, int], int]
+    ranges: Sequence[Range], epochs: Mapping[TopicPartitionKey, int]
 ) -> tuple[tuple[str, int, int], ...]:
     return tuple((t, p, epochs[(t, p)]) for t, p, _, _ in ranges if (t, p) in epochs)
+
+
+def event_time_field(offset: SourceOffset, options: SourceOptions) -> str | None:
+    """The field the batch that ends at ``offset`` is read by: the one it was planned with
+    (a batch Spark runs again after a restart, and the next plan's wait for its progress)."""
+    field: str | None = offset.planned_with.get("eventTimeField", options.event_time_field)
+    return field

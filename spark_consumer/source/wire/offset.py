@@ -40,6 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.wire import offset_v1
 from spark_consumer.valve import MIN_WATERMARK
 
 Offsets = dict[str, dict[str, int]]
@@ -140,8 +142,6 @@ class SourceOffset:
         cls, raw: Mapping[str, Any], version: int, max_event_time_ahead_ms: int | None
     ) -> SourceOffset:
         if version == 1:
-            from spark_consumer.source import offset_v1  # (it imports this module)
-
             data, data_from = offset_v1.offsets(raw["data"]), offset_v1.offsets(raw["from"])
             aligner = offset_v1.aligner(raw["aligner"])
         else:
@@ -186,7 +186,7 @@ class SourceOffset:
         return list(self._ranges)
 
     @functools.cached_property
-    def ends_by_key(self) -> dict[tuple[str, int], int]:
+    def ends_by_key(self) -> dict[TopicPartitionKey, int]:
         """The data end offsets by (topic, partition), once: an idle plan compares them."""
         return {(t, int(p)): end for t, ends in self.data.items() for p, end in ends.items()}
 
@@ -245,7 +245,7 @@ def ranges(begin: Offsets, end: Offsets) -> list[tuple[str, int, int, int]]:
 # ---------------------------------------------------------------------- version 2
 
 
-def _split_channel(channel: str) -> tuple[str, int]:
+def _split_channel(channel: str) -> TopicPartitionKey:
     # Kafka topic names have no ':' (legal characters: letters, digits, '.', '_', '-').
     topic, _, partition = channel.rpartition(":")
     return topic, int(partition)

@@ -16,19 +16,23 @@ from confluent_kafka import KafkaException
 
 from slackwater.list_offsets import Answers
 from spark_consumer.alignment import PartitionBatch
-from spark_consumer.source.broker import BrokerView, PlannerBroker
-from spark_consumer.source.options import SourceError, SourceOptions, channel
-from spark_consumer.source.plan import Plan
+from spark_consumer.source.driver.partition_identity import PartitionIdentity
+from spark_consumer.source.driver.plan import Plan
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.driver.planner_client import PlannerClient
+from spark_consumer.source.shared.options import SourceError, SourceOptions, channel
 
 # Under the planner's logger, whose lines these were before the planner had rooms.
-log = logging.getLogger("spark_consumer.source.planner").getChild("partitions")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("partitions")
 
 
 def follow(
     plan: Plan,
-    now: BrokerView,
+    now: PlanAnswers,
     batch: dict[Any, PartitionBatch],
-    broker: PlannerBroker,
+    kafka: PlannerClient,
+    *,
+    identity: PartitionIdentity,
     joining: dict[str, int] | None = None,
 ) -> None:
     """The plan's partitions made to match the broker's listing.
@@ -36,18 +40,18 @@ def follow(
     * A partition the broker lists that the plan does not (a new topic or partition)
       starts at its earliest offset, as a new channel.
     * Offsets that went back (the topic was re-created, or truncated): failOnDataLoss
-      stops the query (``GoneBack.went_back`` raises), or the partition starts again at
+      stops the query (``PartitionIdentity.went_back`` raises), or the partition starts again at
       its earliest offset; its last batch no longer counts.
 
     ``joining``: the partitions per topic that may join now (a run under availableNow:
     those there when it started); the broker's listing otherwise.
     """
-    went_back = broker.gone.went_back(plan.data, now)
+    went_back = identity.went_back(plan.data, now)
     counts = now.counts if joining is None else joining
     listed = [(t, p) for t, count in counts.items() for p in range(count)]
     new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
     try:
-        starts = broker.list_offsets(new + went_back, "earliest")
+        starts = kafka.list_offsets(new + went_back, "earliest")
     except KafkaException as error:
         # No answer in time (a leader just died): they stand still until one comes.
         log.info("earliest offsets not answered (%s): asked again next trigger", error)
@@ -66,7 +70,7 @@ def follow(
             offset,
         )
         plan.data[topic][str(partition)] = offset
-        broker.gone.started_again((topic, partition))
+        identity.started_again((topic, partition))
         plan.aligner.restart_at(channel(topic, partition), offset)
         batch.pop(channel(topic, partition), None)
         plan.count("offsets_went_back")
@@ -81,7 +85,7 @@ def follow(
     plan.aligner.ensure_partitions(positions, positions)
 
 
-def drop_unsubscribed(plan: Plan, options: SourceOptions, broker: PlannerBroker) -> None:
+def drop_unsubscribed(plan: Plan, options: SourceOptions, identity: PartitionIdentity) -> None:
     """Topics the options no longer subscribe (changed across a restart: docs/source.md,
     "Options on restart") follow failOnDataLoss, as partitions gone do in Spark's Kafka
     source: true stops the query in one line naming them (a topic dropped by mistake is
@@ -99,7 +103,7 @@ def drop_unsubscribed(plan: Plan, options: SourceOptions, broker: PlannerBroker)
     for topic in dropped:
         numbers = sorted(plan.data.pop(topic), key=int)
         for partition in numbers:
-            broker.forget((topic, int(partition)), last_of_topic=partition == numbers[-1])
+            identity.forget((topic, int(partition)), last_of_topic=partition == numbers[-1])
             plan.aligner.finish(channel(topic, partition))
             plan.count("partitions_unsubscribed")
             log.warning(
@@ -109,14 +113,14 @@ def drop_unsubscribed(plan: Plan, options: SourceOptions, broker: PlannerBroker)
             )
 
 
-def drop_vanished(plan: Plan, now: BrokerView, broker: PlannerBroker) -> None:
+def drop_vanished(plan: Plan, now: PlanAnswers, identity: PartitionIdentity) -> None:
     """Partitions the broker no longer lists (``broker.vanished``) leave the reading and
     count as FINISHED, what the emitter's FINISHED@log_end says of a deleted topic."""
-    for topic, partition in broker.vanished(plan.data, now):
+    for topic, partition in identity.vanished(plan.data, now):
         plan.data[topic].pop(str(partition))
         if not plan.data[topic]:
             del plan.data[topic]
-        broker.forget((topic, partition), last_of_topic=topic not in plan.data)
+        identity.forget((topic, partition), last_of_topic=topic not in plan.data)
         plan.aligner.finish(channel(topic, partition))
         plan.count("partitions_deleted")
         log.warning(

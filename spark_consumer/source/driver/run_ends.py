@@ -37,22 +37,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slackwater.kafka_logging import once_per_interval
-from slackwater.markers import MarkerStatus
-from spark_consumer.source.broker import BrokerView
-from spark_consumer.source.offset import SourceOffset
-from spark_consumer.source.options import (
+from slackwater.markers import MarkerStatus, TopicPartitionKey
+from spark_consumer.source.driver.plan import Plan
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.shared.options import (
     SourceError,
     SourceOptions,
     channel,
     ending_by_partition,
 )
-from spark_consumer.source.plan import Plan
+from spark_consumer.source.wire.offset import SourceOffset
 
-log = logging.getLogger("spark_consumer.source.planner").getChild("run_ends")
+log = logging.getLogger("spark_consumer.source.driver.planner").getChild("run_ends")
 # Said at most once every 30 s: the run asks every second.
-log_waiting = once_per_interval("spark_consumer.source.planner.run_ends.waiting")
-# A partition of a topic: (topic, partition).
-Key = tuple[str, int]
+log_waiting = once_per_interval("spark_consumer.source.driver.planner.run_ends.waiting")
 # Where an offset keeps a bounded run's ends (in ``planned_with``).
 KEPT = "ends"
 
@@ -64,13 +62,15 @@ class Ends:
     read position; the control topic's likewise."""
 
     counts: dict[str, int]
-    data: dict[Key, int] = field(default_factory=dict)
+    data: dict[TopicPartitionKey, int] = field(default_factory=dict)
     control: dict[str, int] = field(default_factory=dict)
 
-    def within(self, key: Key) -> bool:
+    def within(self, key: TopicPartitionKey) -> bool:
         return key[0] in self.counts and key[1] < self.counts[key[0]]
 
-    def see(self, now: BrokerView, given: dict[Key, int], start: SourceOffset) -> None:
+    def see(
+        self, now: PlanAnswers, given: dict[TopicPartitionKey, int], start: SourceOffset
+    ) -> None:
         """Fixes the ceilings ``now`` shows for the first time (``given``: offsets asked
         for). A log end below the read position fixes nothing: it is Kafka's evidence's
         to judge (a stale leader's, or gone back), never an end. A topic the query
@@ -87,7 +87,7 @@ class Ends:
             if partition not in self.control and end >= start.control.get(partition, 0):
                 self.control[partition] = end
 
-    def capped(self, now: BrokerView) -> BrokerView:
+    def capped(self, now: PlanAnswers) -> PlanAnswers:
         """``now`` as this run plans on it: nothing past its ceilings, no partition or
         topic that appeared after it started. (Kafka's evidence judges ``now`` itself.)"""
         counts = {t: min(n, self.counts[t]) for t, n in now.counts.items() if t in self.counts}
@@ -120,7 +120,7 @@ class Ends:
             ) from None
 
 
-def _given_end(key: Key, log_end: int, given: dict[Key, int]) -> int:
+def _given_end(key: TopicPartitionKey, log_end: int, given: dict[TopicPartitionKey, int]) -> int:
     asked = given.get(key, -1)
     if asked in (-1, log_end):
         return log_end
@@ -148,7 +148,7 @@ class RunEnds:
         # The offsets endingOffsets names (none: latest, or unbounded).
         self._given = ending_by_partition(options.ending_offsets or "latest") or {}
         # What the last plan saw of the broker (owes_records).
-        self._now: BrokerView | None = None
+        self._now: PlanAnswers | None = None
 
     @property
     def bounded(self) -> bool:
@@ -158,7 +158,7 @@ class RunEnds:
         """Spark runs this query under availableNow: the ends are the first plan's."""
         self.available_now, self.ends, self._now = True, None, None
 
-    def see(self, now: BrokerView, start: SourceOffset) -> None:
+    def see(self, now: PlanAnswers, start: SourceOffset) -> None:
         """Fixes the run's ends from what the plan sees (a bounded run: from its first
         run's, kept in the offset)."""
         if not self.available_now:
@@ -182,7 +182,7 @@ class RunEnds:
         self.ends.see(now, self._given, start)
         self._now = now
 
-    def capped(self, now: BrokerView) -> BrokerView:
+    def capped(self, now: PlanAnswers) -> PlanAnswers:
         """What the plan may plan on: all of ``now``, but under availableNow nothing
         past the run's ends."""
         return self.ends.capped(now) if self.available_now and self.ends is not None else now

@@ -1,4 +1,4 @@
-"""Whether a partition's offsets went back (spark_consumer/source/gone_back.py), on
+"""Whether a partition's offsets went back (spark_consumer/source/driver/gone_back.py), on
 Kafka's evidence alone (docs/semantics.md, "Kafka's evidence", rules 3 and 6): one test
 per case of the module's timeline, on plans the test makes (no broker needed: the topic
 ids Kafka would describe are the test's)."""
@@ -9,9 +9,9 @@ from collections.abc import Collection
 
 import pytest
 
-from spark_consumer.source.broker import BrokerView
-from spark_consumer.source.gone_back import GoneBack
-from spark_consumer.source.options import SourceError, SourceOptions
+from spark_consumer.source.driver.partition_identity import PartitionIdentity
+from spark_consumer.source.driver.plan_answers import PlanAnswers
+from spark_consumer.source.shared.options import SourceError, SourceOptions
 
 Key = tuple[str, int]
 
@@ -26,7 +26,7 @@ class Ids:
         return {n: self.ids[n] for n in names if n in self.ids}
 
 
-def _judge(ids: Ids, fail_on_data_loss: bool = False) -> GoneBack:
+def _judge(ids: Ids, fail_on_data_loss: bool = False) -> PartitionIdentity:
     options = SourceOptions.parse(
         {
             "kafka.bootstrap.servers": "127.0.0.1:1",
@@ -35,20 +35,24 @@ def _judge(ids: Ids, fail_on_data_loss: bool = False) -> GoneBack:
             "failOnDataLoss": str(fail_on_data_loss).lower(),
         }
     )
-    judge = GoneBack(options, ids)
-    judge.topic_ids.update(ids.ids)  # first seen: as PlannerBroker.observe learns them
+    judge = PartitionIdentity(options, ids, _not_described)
+    judge.topic_ids.update(ids.ids)  # first seen: as PartitionIdentity.learn learns them
     return judge
 
 
-def _view(latest: dict[Key, int], epochs: dict[Key, int]) -> BrokerView:
+def _not_described(topic: str) -> None:
+    raise AssertionError(f"went_back asked for {topic}'s metadata: only vanished does")
+
+
+def _view(latest: dict[Key, int], epochs: dict[Key, int]) -> PlanAnswers:
     control = {str(p): end for (t, p), end in latest.items() if t == "c"}
-    return BrokerView({"t": 3}, frozenset({"t", "c"}), dict(latest), control, dict(epochs))
+    return PlanAnswers({"t": 3}, frozenset({"t", "c"}), dict(latest), control, dict(epochs))
 
 
 DATA = {"t": {"0": 100, "1": 100, "2": 100}}
 
 
-def _seen_at(judge: GoneBack, epoch: int) -> None:
+def _seen_at(judge: PartitionIdentity, epoch: int) -> None:
     """A plan whose every answer is at the position, in ``epoch``: the known epoch."""
     now = _view({("t", p): 100 for p in range(3)}, {("t", p): epoch for p in range(3)})
     assert judge.went_back(DATA, now) == []
@@ -104,7 +108,7 @@ def test_a_recreated_topic_goes_back_whole_even_where_no_answer_came_yet() -> No
     fewer.topic_ids["t"] = "a"
     _seen_at(fewer, 4)
     smaller = _view({("t", 0): 5}, {("t", 0): 0})
-    smaller = BrokerView({"t": 2}, smaller.listed, smaller.latest, {}, smaller.leader_epochs)
+    smaller = PlanAnswers({"t": 2}, smaller.listed, smaller.latest, {}, smaller.leader_epochs)
     assert fewer.went_back(DATA, smaller) == [("t", 0), ("t", 1)]
     # Not started again yet (its earliest offset not answered): still found, next plan.
     later = _view({("t", p): 5 for p in range(3)}, {("t", p): 0 for p in range(3)})

@@ -12,23 +12,24 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError
 
-from spark_consumer.source.event_time import (
+from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.executor.reader_ranges import Reading
+from spark_consumer.source.shared.event_time import (
     MAX_EVENT_TIME_MS,
     MIN_EVENT_TIME_MS,
     UnreadableEventTime,
     from_json_field,
     from_timestamp,
 )
-from spark_consumer.source.late_rows import DroppedRow, LateRule
-from spark_consumer.source.options import ARROW_SCHEMA, EVENT_TIME, LATE
-from spark_consumer.source.progress import Progress
-from spark_consumer.source.reader_ranges import Key, Reading
+from spark_consumer.source.shared.late_rows import DroppedRow, LateRule
+from spark_consumer.source.shared.options import ARROW_SCHEMA, EVENT_TIME, LATE
+from spark_consumer.source.wire.progress import Progress
 
 _partition_of = operator.methodcaller("partition")
 _topic_of = operator.methodcaller("topic")
 
 
-def runs(messages: list[Any]) -> Iterator[tuple[Key, list[Any], Any]]:
+def runs(messages: list[Any]) -> Iterator[tuple[TopicPartitionKey, list[Any], Any]]:
     """A consume call's messages by partition: each run of one partition's records (in
     offset order) with no error, or one error message with its partition.
 
@@ -98,7 +99,7 @@ class RowBuilder:
         # The watermark Spark judges the task's rows late by (late_events_watermark).
         self.threshold_ms = threshold_ms
         self.late_rule = late_rule
-        self._seen: dict[Key, Seen] = {}
+        self._seen: dict[TopicPartitionKey, Seen] = {}
         self._reset()
 
     def _reset(self) -> None:
