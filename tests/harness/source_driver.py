@@ -4,9 +4,10 @@ Spark's micro-batch loop, one step at a time and nothing else: ``latestOffset(st
 the offset through JSON (as Spark's offset log keeps it), ``partitions(start, end)``, every
 partition read (the executors' ``read``), then the next ``latestOffset`` from ``end``.
 A restart is a new reader from the last offset, as Spark restarts from its checkpoint.
-The production cases of the source (tests/spark/test_source_production.py) need a window this
-loop makes certain: a topic deleted between planning and reading, records deleted before
-a restart, a marker written while the planner waits.
+The production cases of the source (issue 21: tests/kafka/test_reader_ranges.py,
+test_progress_collector.py, test_control_reader.py and the others named after the module
+they test) need a window this loop makes certain: a topic deleted between planning and
+reading, records deleted before a restart, a marker written while the planner waits.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from spark_consumer.source.wire.progress import Progress, Range
 from spark_consumer.source.wire.splits import MAX_RANGES_PER_TASK, TaskPartition, group_ranges
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer
+from tests.harness.production import setup
 from tests.harness.source_driver import Driven, options, real
 
 ranges_strategy = st.lists(
@@ -344,5 +345,25 @@ def test_a_range_beyond_a_log_truncated_in_a_newer_epoch_is_gone(
         )
         with pytest.raises(SourceError, match=expected):
             list(driven.reader.read(beyond))
+    finally:
+        driven.stop()
+
+
+# Progress that cannot be written (issue 21, 11): the reader's task fails at once.
+
+
+def test_progress_the_broker_refuses_fails_the_task_at_once_saying_why(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    topic, control, write = setup(broker, new_topic, 1)
+    progress = new_topic(partitions=1, prefix="progress", **{"max.message.bytes": "64"})
+    write.data(0, 1, 2)
+    given = options(broker.bootstrap_servers, topic, control, progressTopic=progress)
+    driven = Driven.start(given)
+    try:
+        end = driven.plan()
+        # Before, the task succeeded and the next plan failed after the progress timeout.
+        with pytest.raises(SourceError, match=rf"not written to {progress}: .*too large"):
+            driven.run(end)
     finally:
         driven.stop()

@@ -405,3 +405,53 @@ def test_each_kafka_judgment_is_written_once_on_the_ground_floor() -> None:
         if isinstance(node, ast.Attribute) and node.attr in JUDGED_CODES
     }
     assert not judged_elsewhere, sorted(judged_elsewhere)
+
+
+# The test of a module is found from its name: tests/<folder>/test_<module>.py. A module
+# whose behaviour is tested through another door (a subcommand, the face, a job) says
+# where here; a module added without either fails below.
+TESTED_IN = {
+    "slackwater/cli.py": ["kafka/test_cli_flags.py"],
+    "slackwater/cli_types.py": ["kafka/test_cli_flags.py", "pure/test_config.py"],
+    "slackwater/broker_command.py": ["kafka/test_kafka_broker.py", "cluster/test_kafka_cluster.py"],
+    "slackwater/settings.py": ["pure/test_config.py", "pure/test_consumer_config.py"],
+    "slackwater/lifecycle.py": ["pure/test_kafka_logging.py"],
+    "emitter/service.py": ["kafka/test_emitter_integration.py", "spark/test_real_broker.py"],
+    "emitter/startup.py": ["kafka/test_emitter_integration.py"],
+    "emitter/publisher.py": ["kafka/test_emitter_integration.py"],
+    "emitter/group_tracker.py": ["kafka/test_emitter_integration.py"],
+    "emitter/status_view.py": ["kafka/test_emitter_integration.py"],
+    "emitter/metrics.py": ["pure/test_metrics_render.py"],
+    "emitter/commands.py": ["kafka/test_cli_flags.py", "pure/test_kafka_secrets.py"],
+    "spark_consumer/consume/job.py": ["spark/test_consume_job.py"],
+    "spark_consumer/consume/commands.py": ["spark/test_consume_command.py"],
+    "spark_consumer/consume/metrics.py": ["spark/test_consume_command.py"],
+    "spark_consumer/source/stream.py": ["spark/test_source.py", "spark/test_source_connect.py"],
+    "spark_consumer/source/metrics.py": ["spark/test_source.py"],
+    "spark_consumer/source/driver/plan_answers.py": ["pure/test_plan.py"],
+    "spark_consumer/source/executor/reader_clients.py": ["kafka/test_readers.py"],
+    "spark_consumer/source/wire/progress.py": ["kafka/test_readers.py", "pure/test_plan.py"],
+    "spark_consumer/source/wire/splits.py": ["kafka/test_readers.py", "kafka/test_offset.py"],
+    "demo/live_demo.py": ["spark/test_demo.py"],
+    "demo/producer_script.py": ["spark/test_demo.py"],
+    "demo/chart.py": ["spark/test_demo.py"],
+    "demo/commands.py": ["spark/test_demo.py"],
+}
+
+
+def test_the_test_of_a_module_is_found_from_its_name() -> None:
+    named = {path.stem.removeprefix("test_") for path in TESTS.rglob("test_*.py")}
+    unfound = sorted(
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "__init__.py"
+        and path.stem not in named
+        and str(path.relative_to(ROOT)) not in TESTED_IN
+    )
+    assert unfound == []
+    named_twice = sorted(
+        module for module in TESTED_IN if Path(module).stem in named or not (ROOT / module).exists()
+    )
+    assert named_twice == [], "a module with a test of its name, or gone, is listed"
+    assert all((TESTS / test).exists() for tests in TESTED_IN.values() for test in tests)
