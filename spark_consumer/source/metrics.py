@@ -22,8 +22,9 @@ from prometheus_client.registry import Collector
 from pyspark.sql.streaming.query import StreamingQuery
 
 from slackwater.http_server import MetricsServer
-from slackwater.markers import MarkerStatus, TopicPartitionKey
-from spark_consumer.source.wire.offset import OffsetFormatError, SourceOffset
+from slackwater.markers import MarkerStatus
+from spark_consumer.source.wire.offset import SourceOffset
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 from spark_consumer.valve import WatermarkStatus
 
 PREFIX = "slackwater_source_"
@@ -54,7 +55,7 @@ def offsets_in(progress: Any) -> list[SourceOffset]:
     return offsets
 
 
-def partitions_of(offset: SourceOffset) -> dict[str, TopicPartitionKey]:
+def partitions_of(offset: SourceOffset) -> dict[str, tuple[str, int]]:
     """{"topic:partition": (its status at the source, its watermark ms)} in an offset."""
     watermarks = offset.channel_watermarks()
     return {

@@ -16,9 +16,9 @@ from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.source.wire.offset import (
     OFFSET_VERSION,
-    OffsetFormatError,
     SourceOffset,
 )
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 from spark_consumer.source.wire.splits import TaskPartition
 from spark_consumer.valve import MIN_WATERMARK
 from tests.conftest import TopicFactory

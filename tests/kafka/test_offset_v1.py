@@ -38,7 +38,8 @@ from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
 from spark_consumer.source.driver.plan import PlanMemory
 from spark_consumer.source.shared.options import SourceError
-from spark_consumer.source.wire.offset import OFFSET_VERSION, OffsetFormatError, SourceOffset
+from spark_consumer.source.wire.offset import OFFSET_VERSION, SourceOffset
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 from tests.conftest import TopicFactory
 from tests.harness.kafka_writer import BASE_MS, Writer
 from tests.harness.source_driver import Driven, options, real

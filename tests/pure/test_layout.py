@@ -455,3 +455,22 @@ def test_the_test_of_a_module_is_found_from_its_name() -> None:
     )
     assert named_twice == [], "a module with a test of its name, or gone, is listed"
     assert all((TESTS / test).exists() for tests in TESTED_IN.values() for test in tests)
+
+
+def test_an_installed_copy_holds_every_module() -> None:
+    """``pip install .`` (the Dockerfile, ``--py-files``) takes the packages that
+    pyproject.toml finds: every folder of the product with a module in it."""
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = found["packages"]["find"]["include"]
+    installed = set(find_namespace_packages(where=str(ROOT), include=include))
+    with_modules = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert with_modules - installed == set()
+    assert "spark_consumer.consume.resources" in installed  # its log4j2 settings, no code

@@ -1,4 +1,4 @@
-"""Whether a partition's offsets went back (spark_consumer/source/driver/gone_back.py), on
+"""Whether a partition's offsets went back (spark_consumer/source/driver/partition_identity.py), on
 Kafka's evidence alone (docs/semantics.md, "Kafka's evidence", rules 3 and 6): one test
 per case of the module's timeline, on plans the test makes (no broker needed: the topic
 ids Kafka would describe are the test's)."""

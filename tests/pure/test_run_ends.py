@@ -76,7 +76,7 @@ def test_a_run_plans_no_log_end_past_the_first_it_sees() -> None:
 
 
 def test_a_log_end_below_the_position_is_no_ceiling_and_is_planned_on_as_it_is() -> None:
-    """Kafka's evidence judges it (gone_back.py, on the raw view): a stale leader's low
+    """Kafka's evidence judges it (partition_identity.py, on the raw view): a stale leader's low
     answer at the run's start must not become its end (it would FINISH a bounded run's
     partition with records unread), nor go back by the run's doing."""
     start = _start({"t": {"0": 6}})

@@ -21,12 +21,12 @@ from slackwater.markers import Marker, TopicPartitionKey
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source.shared.options import SourceError, channel
 from spark_consumer.source.wire.offset import (
-    OffsetFormatError,
     Offsets,
     SourceOffset,
     ranges,
     unreadable,
 )
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 from spark_consumer.valve import MIN_WATERMARK
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def data_ends(data: Offsets, latest: dict[TopicPartitionKey, int], limit: ReadLi
     for topic, partitions in data.items():
         for partition, begin in partitions.items():
             # Never go backwards from what was read (offsets that went back stand
-            # still until their earliest offset is known: partitions.follow).
+            # still until their earliest offset is known: topic_partitions.follow).
             end = max(begin, latest.get((topic, int(partition)), begin))
             ends.setdefault(topic, {})[partition] = end
     if isinstance(limit, ReadMaxRows):

@@ -195,7 +195,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         topic_partitions.drop_vanished(plan, now, self.identity)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
-        # (The run's view again: partitions.follow takes out log ends it cannot plan on.)
+        # (The run's view again: topic_partitions.follow takes out log ends it cannot plan on.)
         ends = data_ends(plan.data, self.run.capped(now).latest, limit)
         offset = make_offset(
             plan,

@@ -9,7 +9,7 @@ it, or kept from the checkpoint and logged; never the checkpoint's value in sile
                             planned from then on by the new one
     watermarkDelay          applied: the synthetic rows and with_valve_watermark take it
     subscribe, -Pattern     applied: a topic added joins from its earliest offset; a topic
-                            dropped follows failOnDataLoss (partitions.drop_unsubscribed):
+                            dropped follows failOnDataLoss (topic_partitions.drop_unsubscribed):
                             refused, or not read any more and FINISHED
     controlTopic            applied: the new one is read from its start
     progressTopic           refused: the last batch's progress is on the old one

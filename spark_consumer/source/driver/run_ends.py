@@ -17,7 +17,7 @@ while the run that moved the watermark lives::
     Spark  windows up to V(k-1)    windows up to V(k)   windows up to V(k+1)
 
 Each partition's ceiling is the first log end the run sees at or past its read
-position: a lower answer is Kafka's evidence's to judge (gone_back.py, on the plan's
+position: a lower answer is Kafka's evidence's to judge (partition_identity.py, on the plan's
 own view of the broker), never an end. A plan that would return its start while a
 partition of the run is below its ceiling, or has none yet (no leader answered), asks
 again instead (``owes_records``): the others are read meanwhile, and the run does not

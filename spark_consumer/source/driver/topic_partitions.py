@@ -2,7 +2,7 @@
 partitions that appear join as channels, partitions whose offsets went back follow
 failOnDataLoss, partitions gone from the broker leave as FINISHED.
 
-The broker room (``broker.py``) judges what happened from Kafka's answers; this room
+``partition_identity`` judges what happened from Kafka's answers; this room
 changes the plan and the aligner accordingly.
 """
 
@@ -114,7 +114,7 @@ def drop_unsubscribed(plan: Plan, options: SourceOptions, identity: PartitionIde
 
 
 def drop_vanished(plan: Plan, now: PlanAnswers, identity: PartitionIdentity) -> None:
-    """Partitions the broker no longer lists (``broker.vanished``) leave the reading and
+    """Partitions the broker no longer lists (``PartitionIdentity.vanished``) leave the reading and
     count as FINISHED, what the emitter's FINISHED@log_end says of a deleted topic."""
     for topic, partition in identity.vanished(plan.data, now):
         plan.data[topic].pop(str(partition))

@@ -29,7 +29,7 @@ from spark_consumer.source.shared.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX
 from spark_consumer.source.shared.late_rows import LATE_ONLY, LateRule
 
 SOURCE_NAME = "slackwater-kafka"
-# The source's Kafka clients' names: the planner's (broker.py) under it, and the readers'
+# The source's Kafka clients' names: the planner's (planner_client.py) under it, and the readers'
 # (their logger is slackwater.librdkafka.source.reader).
 SOURCE_CLIENT = "source"
 READER_CLIENT = f"{SOURCE_CLIENT}.reader"

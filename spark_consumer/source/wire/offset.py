@@ -42,6 +42,7 @@ from typing import Any
 
 from slackwater.markers import TopicPartitionKey
 from spark_consumer.source.wire import offset_v1
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 from spark_consumer.valve import MIN_WATERMARK
 
 Offsets = dict[str, dict[str, int]]
@@ -53,10 +54,6 @@ _READABLE_VERSIONS = (1, 2)
 _STATUS_CHARS = {"ACTIVE": "A", "IDLE": "I", "FINISHED": "F"}
 _STATUS_NAMES = {char: name for name, char in _STATUS_CHARS.items()}
 _NONE = "-"  # no aligner partition / no valve channel for this partition
-
-
-class OffsetFormatError(ValueError):
-    """An offset this code cannot read (an unknown version, or not an offset)."""
 
 
 def unreadable(version: Any, reason: str | Exception) -> OffsetFormatError:

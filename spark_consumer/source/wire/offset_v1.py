@@ -1,12 +1,13 @@
 """Version 1 of the source's offset, read (never written): the offset logs of queries
 checkpointed before version 2 (issue 22), in every shape main wrote (tests/data). It
-imports nothing of the offset: a value it cannot read is a ``ValueError``, which
-``SourceOffset.decode`` reports as the offset's one line, as for any version."""
+imports nothing of the offset but its error (``offset_error``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from spark_consumer.source.wire.offset_error import OffsetFormatError
 
 
 def offsets(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
@@ -26,5 +27,5 @@ def aligner(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         elif len(row) == 9:
             rows.append(row)
         else:
-            raise ValueError(f"aligner row {row[:1]} has {len(row)} values, not 9")
+            raise OffsetFormatError(f"aligner row {row[:1]} has {len(row)} values, not 9")
     return {**snapshot, "partitions": rows}
