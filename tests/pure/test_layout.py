@@ -430,6 +430,10 @@ TESTED_IN = {
     "spark_consumer/source/metrics.py": ["spark/test_source.py"],
     "spark_consumer/source/driver/plan_answers.py": ["pure/test_plan.py"],
     "spark_consumer/source/executor/reader_clients.py": ["kafka/test_readers.py"],
+    "spark_consumer/source/wire/offset_error.py": [
+        "kafka/test_offset.py",
+        "kafka/test_offset_v1.py",
+    ],
     "spark_consumer/source/wire/progress.py": ["kafka/test_readers.py", "pure/test_plan.py"],
     "spark_consumer/source/wire/splits.py": ["kafka/test_readers.py", "kafka/test_offset.py"],
     "demo/live_demo.py": ["spark/test_demo.py"],
