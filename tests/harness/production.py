@@ -1,7 +1,13 @@
 """Broker actions and stand-ins for the production cases of the source (semantics.md §6,
 "What production brings"; issue 21): topics made, deleted and re-created, records sent
 and deleted, plans stepped until a change shows, and a planner client whose answers
-put a partition's log end below the read position."""
+put a partition's log end below the read position.
+
+Each case stalled, crash-looped or lost data in silence before (issue 21). Most drive the
+stream reader as Spark does, in the test's process (tests/harness/source_driver.py),
+because each needs a window that must be certain: between planning and reading, between
+a stop and a restart, inside the planner's wait; what broke Spark's own watermark runs
+in Spark."""
 
 from __future__ import annotations
 

@@ -2,13 +2,8 @@
 idle clock (consumerIdleTimeout) starts again at a restart, and counts no time the
 broker was away.
 
-Cases of what production brings to the source (semantics.md §6, "What production
-brings"), on Apache Kafka: each stalled, crash-looped or lost data in silence before
-(issue 21).
-
-The stream reader is driven as Spark does, in this process (tests/harness/source_driver.py),
-because each case needs a window that must be certain: between planning and reading,
-between a stop and a restart, inside the planner's wait.
+A case of what production brings (semantics.md §6, issue 21); tests/harness/production.py
+says how the cases are driven.
 """
 
 from __future__ import annotations
