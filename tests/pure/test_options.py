@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from spark_consumer.source.shared.late_rows import LATE_ONLY, LateRule
-from spark_consumer.source.shared.options import WATERMARK_DELAY_MS, SourceError, SourceOptions
+from spark_consumer.source.shared.options import (
+    WATERMARK_DELAY_MS,
+    SourceError,
+    SourceOptions,
+    same_ends,
+)
 from spark_consumer.source.stream import stream_options
 from spark_consumer.source.wire.splits import TaskPartition, late_events_watermark
 
@@ -141,3 +146,22 @@ def test_an_empty_keyword_is_given_to_the_source_to_judge_not_taken_as_its_defau
     given = stream_options(bootstrap_servers="b", topics=["t"], max_out_of_orderness="")
     with pytest.raises(SourceError, match="maxOutOfOrderness"):
         SourceOptions.parse(given)
+
+
+@pytest.mark.parametrize(
+    ("was", "now", "same"),
+    [
+        ('{"t":{"0":30,"1":-1}}', '{"t":{"0":30}}', True),  # -1: its log end, as left out
+        ('{"t":{"0":-1,"1":-1}}', "latest", True),
+        ('{"t":{"0":30}}', '{"t":{"0":31}}', False),
+        ('{"t":{"0":30}}', '{"t":{"0":30},"u":{"0":1}}', False),
+        ("latest", None, False),  # a bounded run against none
+        (None, None, True),
+    ],
+)
+def test_ending_offsets_name_the_same_ends_however_spelt(
+    was: str | None, now: str | None, same: bool
+) -> None:
+    """Issue 41, finding 4: a partition at -1 ends where one left out does."""
+    assert same_ends(was, now) is same
+    assert same_ends(now, was) is same

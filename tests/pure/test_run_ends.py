@@ -198,3 +198,24 @@ def test_a_bounded_run_finishes_each_partition_read_to_its_end() -> None:
         MAX_WATERMARK,
     )
     assert plan.counters == {"partitions_ended": 2}
+
+
+def test_a_bounded_run_naming_a_partition_that_does_not_exist_is_refused_naming_it() -> None:
+    """Issue 41, finding 4: Spark's batch reader refuses it; it was ignored."""
+    view = _view({("t", 0): 9, ("t", 1): 9})
+    for ending in ('{"t":{"0":5,"7":5}}', '{"t":{"7":-1}}'):
+        run = RunEnds(_options(endingOffsets=ending))
+        run.prepare()
+        with pytest.raises(SourceError, match=r"do not exist: t\[7\] \(t has 2\); name only"):
+            run.see(view, _start())
+    named = RunEnds(_options(endingOffsets='{"t":{"1":5}}'))
+    named.prepare()
+    named.see(view, _start())  # t[1] exists
+    assert named.capped(view).latest == {("t", 0): 9, ("t", 1): 5}
+
+
+def test_a_bounded_run_waits_for_a_topic_not_listed_yet_instead_of_refusing_it() -> None:
+    run = RunEnds(_options(endingOffsets='{"t":{"7":5}}'))
+    run.prepare()
+    run.see(_view({}, counts={}), _start())  # no evidence that t[7] does not exist
+    assert run.ends is not None and run.ends.counts == {}

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.shared.options import SourceError, SourceOptions, same_ends
 from spark_consumer.source.wire.offset import SourceOffset
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ def _refuse_past_a_bounded_run(planned: dict[str, Any], options: SourceOptions) 
     """A bounded run's checkpoint goes on only to the same ends: past them, Spark's
     watermark (which never goes back) would make every record late."""
     was = planned.get("endingOffsets")
-    if was is None or was == options.ending_offsets:
-        return
+    if was is None or same_ends(was, options.ending_offsets):
+        return  # the same ends, however spelt (an explicit -1 or a partition left out)
     now = "left out" if options.ending_offsets is None else repr(options.ending_offsets)
     raise SourceError(
         f"option 'endingOffsets' is {now}, the checkpoint's {was!r}: this checkpoint is a "
@@ -175,7 +175,8 @@ def _planned_lines(planned: dict[str, Any], options: SourceOptions) -> list[str]
     lines += _subscription_lines(planned, now)
     if "controlTopic" in changed:
         lines.append(_control_topic_line(planned["controlTopic"], options.control_topic))
-    if "endingOffsets" in changed:  # added: a change or removal was refused
+    if "endingOffsets" in changed and planned["endingOffsets"] is None:
+        # added (a change or a removal was refused; the same ends spelt otherwise, kept)
         what = "applied: this run reads to those ends, every partition FINISHED there"
         lines.append(_line("endingOffsets", repr(options.ending_offsets), "none", what))
     if "startingOffsets" in changed:

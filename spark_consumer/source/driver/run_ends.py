@@ -171,6 +171,8 @@ class RunEnds:
             return
         if self.ends is None:
             kept = start.planned_with.get(KEPT) if self.bounded else None
+            if kept is None:
+                self._refuse_partitions_not_there(now)
             self.ends = Ends.decode(kept) if kept is not None else Ends(counts=dict(now.counts))
             if kept is not None and start.status == "FINISHED":
                 log.warning(
@@ -181,6 +183,23 @@ class RunEnds:
                 )
         self.ends.see(now, self._given, start)
         self._now = now
+
+    def _refuse_partitions_not_there(self, now: PlanAnswers) -> None:
+        """A bounded run's first look: ``endingOffsets`` naming a partition past its topic's
+        count (Kafka lists the topic with fewer) is refused, as Spark's batch reader does;
+        it would otherwise be ignored. A topic not listed yet is waited for, as ever."""
+        absent = sorted(
+            (topic, partition)
+            for topic, partition in self._given
+            if topic in now.counts and partition >= now.counts[topic]
+        )
+        if absent:
+            where = ", ".join(f"{t}[{p}] ({t} has {now.counts[t]})" for t, p in absent[:5])
+            raise SourceError(
+                f"option 'endingOffsets' names partitions that do not exist: {where}; "
+                "name only partitions the topics have (a partition left out ends at its "
+                "log end)"
+            )
 
     def capped(self, now: PlanAnswers) -> PlanAnswers:
         """What the plan may plan on: all of ``now``, but under availableNow nothing

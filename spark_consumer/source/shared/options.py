@@ -331,6 +331,20 @@ def ending_by_partition(text: str) -> dict[TopicPartitionKey, int] | None:
     return named
 
 
+def same_ends(was: str | None, now: str | None) -> bool:
+    """Whether two ``endingOffsets`` name the same ends: a partition at -1 ends at its log
+    end as one not named does, and ``latest`` names none (docs/source.md, "Scheduled and
+    bounded runs"); None (no ending) is only itself."""
+    if was is None or now is None:
+        return was == now
+    named_was, named_now = ending_by_partition(was), ending_by_partition(now)
+    if named_was is None or named_now is None:
+        return was == now
+    return {k: o for k, o in named_was.items() if o != -1} == {
+        k: o for k, o in named_now.items() if o != -1
+    }
+
+
 def _watermark_options(lowered: dict[str, str]) -> dict[str, Any]:
     """How the watermark is made and handed to Spark, and how late rows are judged."""
     try:
