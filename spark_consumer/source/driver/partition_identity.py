@@ -93,7 +93,7 @@ class PartitionIdentity:
             listed = {
                 t: {p: o for p, o in data[t].items() if int(p) < now.counts.get(t, 0)}
                 for t in recreated
-            }  # (those past the new topic's count vanish: PlannerClient.vanished)
+            }  # (those past the new topic's count vanish: vanished, below)
             went_back = self._whole(recreated, went_back, listed)
         if went_back and self.options.fail_on_data_loss:
             # Named by one that answered (a re-created topic's others may not have yet).
