@@ -146,14 +146,30 @@ def topic_ids(admin: AdminClient, names: Collection[str], timeout_s: float) -> d
     """The id of each topic of ``names`` that the broker describes now, in one request
     (kafka_evidence rule 6: a re-created topic has a new one); a topic not described,
     or a request not answered in time, is left out."""
-    if not names:
-        return {}
-    futures = _described(admin, names, timeout_s)
-    ids: dict[str, str] = {}
-    for name, future in futures.items():
-        if future.done() and future.exception() is None:
-            ids[name] = str(future.result().topic_id)
-    return ids
+    return TopicIds(admin, names, timeout_s).result()
+
+
+class TopicIds:
+    """One DescribeTopics sent now, its ids read later (``result``): sent before another
+    request, both are answered in one wait."""
+
+    def __init__(self, admin: AdminClient, names: Collection[str], timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._futures = (
+            admin.describe_topics(TopicCollection(list(names)), request_timeout=timeout_s)
+            if names
+            else {}
+        )
+
+    def result(self) -> dict[str, str]:
+        """The ids described; a topic not described, or not in time, is left out."""
+        futures = self._futures
+        concurrent.futures.wait(list(futures.values()), timeout=answer_wait_s(self._timeout_s))
+        return {
+            name: str(future.result().topic_id)
+            for name, future in futures.items()
+            if future.done() and future.exception() is None
+        }
 
 
 def _described(

@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.streaming.datasource import ReadAllAvailable
-
 from spark_consumer.source.driver.planner import SlackwaterStreamReader
 from spark_consumer.source.shared.options import SourceOptions
 from spark_consumer.source.wire.offset import SourceOffset
@@ -62,8 +60,9 @@ class Driven:
         return cls(reader_class(SourceOptions.parse(given)), offset)
 
     def plan(self) -> dict[str, Any]:
-        """The next batch's end offset (``offset`` itself when there is no new batch)."""
-        return _logged(self.reader.latestOffset(self.offset, ReadAllAvailable()))
+        """The next batch's end offset (``offset`` itself when there is no new batch),
+        within the read limit Spark would pass (maxOffsetsPerTrigger, or all)."""
+        return _logged(self.reader.latestOffset(self.offset, self.reader.getDefaultReadLimit()))
 
     def run(self, end: dict[str, Any]) -> list[dict[str, Any]]:
         """Reads every partition of the batch ``offset -> end``; ``end`` is then the start."""

@@ -210,7 +210,9 @@ def test_records_gone_from_one_range_of_a_task_leave_its_other_ranges_whole(
             future.result(30)  # what time retention does: p0's log starts at 5
         if fail_on_data_loss:
             with pytest.raises(
-                SourceError, match=rf"data loss: {topic}\[0\] offsets 0 to 4 are gone"
+                SourceError,
+                match=rf"data loss: {topic}\[0\] offsets 0 to 4 \(5 records, planned in a batch\) "
+                "are gone .*: retention",
             ):
                 driven.run(end)
             return
@@ -339,7 +341,8 @@ def test_a_range_beyond_a_log_truncated_in_a_newer_epoch_is_gone(
             leader_epochs=((topic, partition, planned_epoch - epochs_ahead),),
         )
         expected = (
-            rf"data loss: {topic}\[0\] offsets 10 to 19 are gone"
+            rf"data loss: {topic}\[0\] offsets 10 to 19 \(10 records, planned in a batch\) "
+            "are gone .*: the log was truncated"
             if epochs_ahead
             else rf"timed out reading 1 range\(s\) .*{topic}\[0\] at 10 of 20"
         )

@@ -1,11 +1,9 @@
 """Whether a partition's offsets went back (spark_consumer/source/driver/partition_identity.py), on
 Kafka's evidence alone (docs/semantics.md, "Kafka's evidence", rules 3 and 6): one test
-per case of the module's timeline, on plans the test makes (no broker needed: the topic
-ids Kafka would describe are the test's)."""
+per row of the module's table, on plans the test makes (no broker needed: the topic ids
+Kafka would describe, every plan, are the test's)."""
 
 from __future__ import annotations
-
-from collections.abc import Collection
 
 import pytest
 
@@ -17,13 +15,14 @@ Key = tuple[str, int]
 
 
 class Ids:
-    """What DescribeTopics answers now."""
+    """What DescribeTopics answers now (every plan asks)."""
 
     def __init__(self, **ids: str) -> None:
         self.ids = dict(ids)
 
-    def __call__(self, names: Collection[str]) -> dict[str, str]:
-        return {n: self.ids[n] for n in names if n in self.ids}
+
+# What the plans of a test are answered with: the test changes it between plans.
+IDS = Ids()
 
 
 def _judge(ids: Ids, fail_on_data_loss: bool = False) -> PartitionIdentity:
@@ -35,8 +34,9 @@ def _judge(ids: Ids, fail_on_data_loss: bool = False) -> PartitionIdentity:
             "failOnDataLoss": str(fail_on_data_loss).lower(),
         }
     )
-    judge = PartitionIdentity(options, ids, _not_described)
-    judge.topic_ids.update(ids.ids)  # first seen: as PartitionIdentity.learn learns them
+    judge = PartitionIdentity(options, _not_described)
+    IDS.ids = ids.ids  # the plans' answers
+    judge.learn(_view({}, {}))  # first seen
     return judge
 
 
@@ -46,7 +46,9 @@ def _not_described(topic: str) -> None:
 
 def _view(latest: dict[Key, int], epochs: dict[Key, int]) -> PlanAnswers:
     control = {str(p): end for (t, p), end in latest.items() if t == "c"}
-    return PlanAnswers({"t": 3}, frozenset({"t", "c"}), dict(latest), control, dict(epochs))
+    return PlanAnswers(
+        {"t": 3}, frozenset({"t", "c"}), dict(latest), control, dict(epochs), None, dict(IDS.ids)
+    )
 
 
 DATA = {"t": {"0": 100, "1": 100, "2": 100}}
@@ -104,11 +106,13 @@ def test_a_recreated_topic_goes_back_whole_even_where_no_answer_came_yet() -> No
     assert judge.went_back(DATA, now) == [("t", 0), ("t", 1), ("t", 2)]
     assert judge.topic_ids == {"t": "b"}
     # One made again with fewer partitions: those past its count are left to vanish.
-    fewer = _judge(ids)
-    fewer.topic_ids["t"] = "a"
+    fewer = _judge(Ids(t="a"))
     _seen_at(fewer, 4)
+    IDS.ids = {"t": "b"}
     smaller = _view({("t", 0): 5}, {("t", 0): 0})
-    smaller = PlanAnswers({"t": 2}, smaller.listed, smaller.latest, {}, smaller.leader_epochs)
+    smaller = PlanAnswers(
+        {"t": 2}, smaller.listed, smaller.latest, {}, smaller.leader_epochs, None, smaller.topic_ids
+    )
     assert fewer.went_back(DATA, smaller) == [("t", 0), ("t", 1)]
     # Not started again yet (its earliest offset not answered): still found, next plan.
     later = _view({("t", p): 5 for p in range(3)}, {("t", p): 0 for p in range(3)})
@@ -124,7 +128,9 @@ def test_a_recreated_topic_stops_the_query_with_failondataloss() -> None:
     _seen_at(judge, 4)
     ids.ids["t"] = "b"
     # Partition 0 has no answer yet: the line names one that answered.
-    with pytest.raises(SourceError, match=r"t\[1\]'s log end went back from 100 to 5 .*re-created"):
+    with pytest.raises(
+        SourceError, match=r"data loss: t\[0\]: the topic was deleted and re-created .* offset 100"
+    ):
         judge.went_back(DATA, _view({("t", 1): 5}, {("t", 1): 0}))
 
 
@@ -148,6 +154,66 @@ def test_a_forgotten_topic_made_again_later_is_a_new_one_not_one_gone_back() -> 
         judge.forget(("t", partition), last_of_topic=partition == 2)
     assert judge.topic_ids == {} and judge.leader_epochs == {}
     ids.ids["t"] = "b"
-    judge.topic_ids["t"] = "b"  # learned afresh when it is first seen again
+    judge.learn(_view({}, {}))  # learned afresh when it is first seen again
     new = {"t": {"0": 0}}
     assert judge.went_back(new, _view({("t", 0): 0}, {("t", 0): 0})) == []
+
+
+def test_a_lower_end_past_the_position_from_a_newer_epoch_goes_on_and_counts_the_rest() -> None:
+    judge = _judge(Ids(t="a"))
+    ahead = _view({("t", p): 150 for p in range(3)}, {("t", p): 4 for p in range(3)})
+    assert judge.went_back(DATA, ahead) == []  # 150 seen, 100 read
+    truncated = _view(
+        {("t", 0): 120, ("t", 1): 150, ("t", 2): 150}, {("t", p): 5 for p in range(3)}
+    )
+    assert judge.went_back(DATA, truncated) == []  # read on from 100: [100, 120) is there
+    assert judge.take_records_lost() == 30  # [120, 150): seen, never read
+    assert truncated.latest[("t", 0)] == 120 and judge.ends_seen[("t", 0)] == 120
+
+
+def test_a_truncated_end_past_the_position_stops_the_query_with_failondataloss() -> None:
+    judge = _judge(Ids(t="a"), fail_on_data_loss=True)
+    assert judge.went_back(DATA, _view({("t", 0): 150}, {("t", 0): 4})) == []
+    with pytest.raises(SourceError, match=r"t\[0\] offsets 120 to 149 \(30 records, seen only"):
+        judge.went_back(DATA, _view({("t", 0): 120}, {("t", 0): 5}))
+
+
+def test_a_lower_end_below_the_end_seen_but_past_the_position_is_stale_without_evidence() -> None:
+    judge = _judge(Ids(t="a"), fail_on_data_loss=True)
+    assert judge.went_back(DATA, _view({("t", 0): 150}, {("t", 0): 4})) == []
+    stale = _view({("t", 0): 120, ("t", 1): 100}, {("t", 0): 4, ("t", 1): 4})
+    assert judge.went_back(DATA, stale) == []
+    assert stale.latest == {("t", 1): 100}  # not planned to 120: this plan did not see it
+    assert judge.ends_seen[("t", 0)] == 150
+
+
+def _described_missing(topic: str) -> None:
+    return None  # not listed: does not exist (rule 1)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_deleted_topic_loses_what_a_log_end_showed_past_the_position(
+    fail_on_data_loss: bool,
+) -> None:
+    judge = _judge(Ids(t="a"), fail_on_data_loss=fail_on_data_loss)
+    judge._describe = _described_missing
+    data = {"t": {"0": 10}}
+    assert judge.went_back(data, _view({("t", 0): 100}, {("t", 0): 4})) == []  # seen 100
+    gone = PlanAnswers({}, frozenset(), {}, {}, {}, None, {})
+    assert judge.vanished(data, gone) == []  # told once: not believed yet
+    if fail_on_data_loss:
+        with pytest.raises(SourceError, match=r"t\[0\] offsets 10 to 99 \(90 records, seen only"):
+            judge.vanished(data, gone)
+        return
+    assert judge.vanished(data, gone) == [("t", 0)]
+    assert judge.take_records_lost() == 90
+
+
+def test_a_deleted_topic_read_to_its_end_loses_nothing_even_with_failondataloss() -> None:
+    judge = _judge(Ids(t="a"), fail_on_data_loss=True)
+    judge._describe = _described_missing
+    assert judge.went_back(DATA, _view({("t", p): 100 for p in range(3)}, {})) == []
+    gone = PlanAnswers({}, frozenset(), {}, {}, {}, None, {})
+    assert judge.vanished(DATA, gone) == []
+    assert judge.vanished(DATA, gone) == [("t", 0), ("t", 1), ("t", 2)]
+    assert judge.take_records_lost() == 0

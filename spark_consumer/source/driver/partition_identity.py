@@ -1,60 +1,73 @@
-"""Whether a partition is still the one the query read: its offsets went back (the topic
-re-created, or its log truncated) or it vanished (its topic deleted, or re-created with
-fewer partitions), judged on Kafka's evidence alone (``slackwater.kafka_evidence`` rules
-1-3 and 6), for the planner's data and control topics; never on a timer. The planner's
-``PlannerClient`` asks the broker; this room keeps what the positions were seen in
-(``seen_in``: topic ids, leader epochs) and judges.
+"""Whether a partition is still the log the query read, judged on Kafka's evidence
+alone by ``slackwater.log_verdict`` (the one judge the emitter and the readers use too),
+for the planner's data and control topics; never on a timer. The planner's
+``PlannerClient`` asks the broker (every plan: log ends, leader epochs, topic ids); this
+room keeps what the positions were seen in (``seen_in``: topic ids, leader epochs; the
+highest log end seen) and acts on each verdict:
 
-    answer for a partition, against its position:
-        at or past it, from the newest epoch seen   -> its epoch is known from here
-        below it, or from an older epoch than known:
-            the topic's id is another               -> went back (every partition of it)
-            a newer leader epoch than known         -> went back (truncated)
-            otherwise                               -> stale: this plan did not see it
+    verdict (log_verdict's table)      the data topics                  the control topic
+    RECREATED (another topic id)       read again from the new start    read again from 0
+    TRUNCATED below the position       read again from the earliest     read again from 0
+    TRUNCATED at or past it            goes on; the unread rest lost    goes on
+    DELETED (told missing twice)       FINISHED (``vanished``)          -
+    UNKNOWN (a stale leader's answer)  stands still this plan           stands still
+    SAME, GROWN                        planned to the answer            read to it
+
+What was lost (records seen in a log end or read up to, never read) goes to the one
+data-loss policy (``shared/data_loss.py``): failOnDataLoss=true stops the query there.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException
 
-from slackwater import kafka_evidence
+from slackwater import kafka_evidence, log_verdict
+from slackwater.log_verdict import Answer, Seen, Verdict
 from slackwater.markers import TopicPartitionKey
 from spark_consumer.source.driver.plan_answers import PlanAnswers
 from spark_consumer.source.driver.seen_in import SeenIn
-from spark_consumer.source.shared.options import SourceError, SourceOptions
+from spark_consumer.source.shared import data_loss
+from spark_consumer.source.shared.data_loss import Cause, Loss
+from spark_consumer.source.shared.options import SourceOptions
 from spark_consumer.source.wire.offset import Offsets
 
 log = logging.getLogger("spark_consumer.source.driver.planner").getChild("broker")
 
+# The data-loss policy's cause of each verdict that loses records.
+_CAUSES = {
+    Verdict.RECREATED: Cause.RECREATED,
+    Verdict.TRUNCATED: Cause.TRUNCATED,
+    Verdict.DELETED: Cause.DELETED,
+}
+
 
 class PartitionIdentity:
     """The judgment, and what it keeps between plans: the ids and epochs (``seen``, kept
-    in the offset), the partitions found gone back and not started again yet, and those
-    said stale."""
+    in the offset), the highest log end seen, the partitions found gone back and not
+    started again yet, and those said stale."""
 
-    def __init__(
-        self,
-        options: SourceOptions,
-        topic_ids_now: Callable[[Collection[str]], dict[str, str]],
-        describe: Callable[[str], Any],
-    ) -> None:
+    def __init__(self, options: SourceOptions, describe: Callable[[str], Any]) -> None:
         self.options = options
-        self._topic_ids_now = topic_ids_now  # DescribeTopics
         self._describe = describe  # one topic's metadata, asked for by name (None: unlisted)
         self.seen = SeenIn()
         self.leader_epochs = self.seen.leader_epochs
         self.topic_ids = self.seen.topic_ids
-        # Partitions whose log end is below the position and was said so.
+        # The highest log end an answer showed (this run; a restart starts from the
+        # positions): records below it existed, so a loss counts them.
+        self.ends_seen: dict[TopicPartitionKey, int] = {}
+        # Partitions whose answer was said stale, until one is believed again.
         self._said_low: set[TopicPartitionKey] = set()
         # Partitions found gone back and not yet started again (``started_again``): the
         # evidence is taken once (the new topic id is kept), so the finding is.
         self._going_back: set[TopicPartitionKey] = set()
         # Answers in a row that a read partition is not listed (rule 2).
         self._missing: dict[TopicPartitionKey, kafka_evidence.MissingAnswers] = {}
+        # Records lost (failOnDataLoss=false) since ``take_records_lost``.
+        self._records_lost = 0
 
     def kept(self) -> dict[str, Any]:
         """What the offset keeps of it (``seen_in``): the topic ids and leader epochs."""
@@ -65,129 +78,143 @@ class PartitionIdentity:
         self.seen.remember(kafka, positions)
 
     def learn(self, now: PlanAnswers) -> None:
-        """A topic first seen: its id, asked once (rule 6), right after the plan's look."""
-        control = self.options.control_topic
-        unnamed = [t for t in now.counts if t not in self.topic_ids]
-        if control is not None and control not in self.topic_ids and now.control_ends:
-            unnamed.append(control)
-        if unnamed:
-            learned = self._topic_ids_now(unnamed)
-            if learned:
-                self.topic_ids.update(learned)
-                self.seen.changed()
+        """A topic first seen: its id, from the plan's DescribeTopics (rule 6). An id
+        known already changes only by a verdict (``went_back``)."""
+        unknown = {t: i for t, i in now.topic_ids.items() if t not in self.topic_ids}
+        if unknown:
+            self.topic_ids.update(unknown)
+            self.seen.changed()
+
+    def recreated_since(self, now: PlanAnswers) -> bool:
+        """Whether a topic read has another id now: a plan with nothing else new must
+        still judge it (a topic re-created to the very log ends planned)."""
+        ids = self.topic_ids
+        return any(ids.get(t, i) != i for t, i in now.topic_ids.items())
+
+    def take_records_lost(self) -> int:
+        """The records lost since the last call (counted in ``records_lost``)."""
+        lost, self._records_lost = self._records_lost, 0
+        return lost
 
     def went_back(self, data: Offsets, now: PlanAnswers) -> list[TopicPartitionKey]:
-        """Partitions whose offsets went back, on Kafka's evidence alone: the topic's id
-        changed (kafka_evidence rule 6: re-created), or a log end below the position was
-        answered in a newer leader epoch than any end at or past it (rule 3: truncated
-        by an unclean election). A lower end with neither is a stale leader's: the
-        partition stands still (a batch never reads past its start) for as long as that
-        lasts, never on a timer. failOnDataLoss=true stops the query at the first."""
+        """Partitions to read again from their earliest offset: re-created, or truncated
+        below the position (log_verdict). The records lost on the way go to the
+        data-loss policy first, which stops the query under failOnDataLoss=true; a
+        stale answer stands still (a batch never reads past its start), never on a
+        timer."""
         positions = (
             ((topic, int(partition)), position)
             for topic, partitions in data.items()
             for partition, position in partitions.items()
         )
-        went_back, recreated = self._went_back(positions, now)
-        if recreated:  # every partition of a topic re-created, low yet or not
-            listed = {
-                t: {p: o for p, o in data[t].items() if int(p) < now.counts.get(t, 0)}
-                for t in recreated
-            }  # (those past the new topic's count vanish: vanished, below)
-            went_back = self._whole(recreated, went_back, listed)
-        if went_back and self.options.fail_on_data_loss:
-            # Named by one that answered (a re-created topic's others may not have yet).
-            topic, number = next((k for k in went_back if k in now.latest), went_back[0])
-            why = "re-created" if topic in recreated else "truncated in a newer leader epoch"
-            raise SourceError(
-                f"data loss: {topic}[{number}]'s log end went back from "
-                f"{data[topic][str(number)]} to {now.latest.get((topic, number), 'unknown')} "
-                f"(the topic was {why}): records this query had not read may be gone; the "
-                "option failOnDataLoss=false starts again at its earliest offset"
-            )
-        return went_back
+        verdicts = self._judged(positions, now)
+        losses, again = [], []
+        for key, (verdict, seen, answer, position) in sorted(verdicts.items()):
+            if key[0] in now.counts and key[1] >= now.counts[key[0]]:
+                continue  # past a re-created topic's count: it vanishes (``vanished``)
+            found = log_verdict.lost(verdict, position, seen, answer)
+            first, end = found or (position, position)
+            losses.append(Loss(*key, first, end, _CAUSES[verdict], planned=False))
+            if verdict is Verdict.RECREATED or (answer.log_end or 0) < position:
+                again.append(key)
+        for loss in losses:  # (one that raises ends the query: nothing else matters)
+            self._records_lost += data_loss.report(self.options, loss, log)
+        still = self._still_going_back(data)  # found before, their start not answered yet
+        self._going_back.update(again)
+        for key in again:
+            self.ends_seen.pop(key, None)  # the new log's ends are seen from its start
+        return sorted([*again, *still])
 
     def control_went_back(self, control: dict[str, int], now: PlanAnswers) -> list[str]:
-        """The control topic's partitions whose offsets went back, by the same evidence
-        as ``went_back``: one low answer once made the planner read it again from 0 and
-        forget every emitter epoch, so a fenced emitter's marker was accepted again."""
+        """The control topic's partitions to read again from 0, by the same verdicts:
+        one low answer once made the planner read it again from 0 and forget every
+        emitter epoch, so a fenced emitter's marker was accepted again."""
         topic = self.options.control_topic
         if topic is None:
             return []
         positions = (((topic, int(p)), position) for p, position in control.items())
-        went_back, recreated = self._went_back(positions, now)
-        if recreated:
-            went_back = self._whole(recreated, went_back, {topic: control})
-        for key in went_back:
-            self.started_again(key)  # the control reader reads it from 0 at once
-        return [str(p) for _, p in went_back]
-
-    def _went_back(
-        self, positions: Iterable[tuple[TopicPartitionKey, int]], now: PlanAnswers
-    ) -> tuple[list[TopicPartitionKey], set[str]]:
-        """Those of ``positions`` whose offsets went back (rules 3 and 6), and the topics
-        found re-created; every other end's leader epoch is kept as known."""
-        low: dict[TopicPartitionKey, tuple[int, int]] = {}
-        epochs, answered, said = self.leader_epochs, now.leader_epochs, self._said_low
-        going_back, still_going_back = self._going_back, []
-        for key, position in positions:
-            if going_back and key in going_back:
-                still_going_back.append(key)  # found before: its start was not answered
-                continue
-            end = now.latest.get(key)
-            if end is None:
-                continue  # no answer: nothing to judge
-            epoch = answered.get(key)
-            known_epoch = epochs.get(key)
-            if kafka_evidence.lower_end(end, position) or (
-                epoch is not None and known_epoch is not None and epoch < known_epoch
-            ):
-                low[key] = (end, position)  # below the position, or an older leader's
-                continue
-            if said:
-                said.discard(key)  # past it: said again should it come back
-            if epoch is not None and (known_epoch is None or epoch > known_epoch):
-                epochs[key] = epoch  # (rule 3's known epoch)
-                self.seen.changed()
-        if not low:
-            return sorted(still_going_back), set()
-        recreated = self._recreated({topic for topic, _ in low})
-        went_back = sorted(
+        verdicts = self._judged(positions, now)
+        again = [
             key
-            for key, (end, position) in low.items()
-            if key[0] in recreated
-            or kafka_evidence.log_end_went_back(end, position, answered.get(key), epochs.get(key))
-        )
-        stale = {k: low[k] for k in low.keys() - set(went_back)}
-        self._say_stale(now, stale)
-        for key in stale:
-            now.latest.pop(key, None)  # not an end to plan to: this plan did not see it
-            if key[0] == self.options.control_topic:
-                now.control_ends.pop(str(key[1]), None)
-        for key in went_back:
-            self._said_low.discard(key)
-        self._going_back.update(went_back)
-        return sorted(went_back + still_going_back), recreated
+            for key, (verdict, _, answer, position) in verdicts.items()
+            if verdict is Verdict.RECREATED or (answer.log_end or 0) < position
+        ]
+        for key in again:
+            self.ends_seen.pop(key, None)
+            self.started_again(key)  # the control reader reads it from 0 at once
+        return sorted(str(p) for _, p in again)
 
-    def _whole(
-        self, recreated: set[str], went_back: list[TopicPartitionKey], data: Offsets
-    ) -> list[TopicPartitionKey]:
-        """``went_back`` with every partition of the re-created topics: the id is taken
-        once, so a partition of the new topic that answers only in a later plan (its
-        leader not ready yet) must be found now, or its new records below the old
-        position would be skipped."""
-        whole = {(t, int(p)) for t in recreated for p in data.get(t, {})}
-        for key in whole:
-            self.leader_epochs.pop(key, None)
-        self._going_back.update(whole)
-        self.seen.changed()
-        return sorted(whole.union(went_back))
+    def _judged(
+        self, positions: Iterable[tuple[TopicPartitionKey, int]], now: PlanAnswers
+    ) -> dict[TopicPartitionKey, tuple[Verdict, Seen, Answer, int]]:
+        """Every partition of ``positions`` judged on this plan's answers; returns those
+        whose log is a new one (RECREATED, TRUNCATED), with what they were judged on.
+        What was seen is kept (the highest end, the newest epoch); a stale answer is
+        taken out of ``now`` (this plan did not see it); a topic's new id is kept once
+        all its partitions are judged against the old one."""
+        ids, ids_now = self.topic_ids, now.topic_ids
+        renamed = {t for t, i in ids_now.items() if t in ids and ids[t] != i}
+        epochs, answered_epochs, ends_seen = self.leader_epochs, now.leader_epochs, self.ends_seen
+        new_logs: dict[TopicPartitionKey, tuple[Verdict, Seen, Answer, int]] = {}
+        stale: dict[TopicPartitionKey, tuple[int, int]] = {}
+        judged: set[str] = set()
+        for key, position in positions:
+            judged.add(key[0])
+            if self._going_back and key in self._going_back:
+                continue  # found before: its start was not answered yet
+            end, epoch, known_epoch = now.latest.get(key), answered_epochs.get(key), epochs.get(key)
+            seen_end = ends_seen.get(key, position)
+            if (
+                key[0] not in renamed
+                and end is not None
+                and end >= seen_end
+                and (epoch is None or known_epoch is None or epoch >= known_epoch)
+            ):
+                # log_verdict's last rows (SAME, GREW) without a call: at 10,000
+                # partitions a call each is a plan's 30 ms.
+                self._keep(key, end, epoch, known_epoch)
+                continue
+            seen = Seen(max(seen_end, position), known_epoch, ids.get(key[0]))
+            answer = Answer(end, epoch, ids_now.get(key[0]))
+            verdict = log_verdict.judge(seen, answer)
+            if verdict is Verdict.UNKNOWN:
+                if end is not None:
+                    stale[key] = (end, seen.end or position)
+                continue
+            if verdict.new_log:
+                new_logs[key] = (verdict, seen, answer, position)
+                epochs.pop(key, None)
+                self._said_low.discard(key)
+            if end is not None:
+                self._keep(key, end, epoch, epochs.get(key))
+        renamed &= judged  # (the data topics' and the control topic's are judged apart)
+        if renamed:
+            ids.update({t: ids_now[t] for t in renamed})
+        if renamed or new_logs:
+            self.seen.changed()
+        self._stand_still(now, stale)
+        return new_logs
+
+    def _keep(
+        self, key: TopicPartitionKey, end: int, epoch: int | None, known_epoch: int | None
+    ) -> None:
+        """A believed answer: its end is the highest seen, its epoch the newest."""
+        self.ends_seen[key] = end
+        if self._said_low:
+            self._said_low.discard(key)  # believed: said again should it come back
+        if epoch is not None and (known_epoch is None or epoch > known_epoch):
+            self.leader_epochs[key] = epoch  # (rule 3's known epoch)
+            self.seen.changed()
+
+    def _still_going_back(self, data: Offsets) -> list[TopicPartitionKey]:
+        return [k for k in self._going_back if str(k[1]) in data.get(k[0], {})]
 
     def forget(self, key: TopicPartitionKey, last_of_topic: bool) -> None:
         """A partition that left the reading (vanished, unsubscribed): what was seen of it
         goes, and its topic's id with its last partition (a topic made again under the
         name later is a new one read from its start, not one gone back)."""
         self.leader_epochs.pop(key, None)
+        self.ends_seen.pop(key, None)
         self._going_back.discard(key)
         self._said_low.discard(key)
         self._missing.pop(key, None)
@@ -225,8 +252,19 @@ class PartitionIdentity:
             key for key, answers in self._missing.items() if answers.answer(said.get(key[0], True))
         )
         for key in vanished:
-            del self._missing[key]
+            self._lost_with(key, data[key[0]][str(key[1])], self._missing.pop(key).in_a_row)
         return vanished
+
+    def _lost_with(self, key: TopicPartitionKey, position: int, told_in_a_row: int) -> None:
+        """What a partition believed gone takes with it: the records an answer showed
+        past the position (finding 2 of issue 41: a log end seen, not yet planned, is
+        data lost as much as a range planned is)."""
+        seen = Seen(max(position, self.ends_seen.get(key, position)), None, None)
+        answer = Answer(missing_in_a_row=told_in_a_row)
+        verdict = log_verdict.judge(seen, answer)
+        first, end = log_verdict.lost(verdict, position, seen, answer) or (position, position)
+        loss = Loss(*key, first, end, _CAUSES[verdict], planned=False)
+        self._records_lost += data_loss.report(self.options, loss, log)
 
     def _topic_does_not_exist(self, topic: str) -> bool | None:
         """A request for this topic alone answers that it does not exist (rule 1); None
@@ -244,30 +282,27 @@ class PartitionIdentity:
         self.leader_epochs.pop(key, None)
         self.seen.changed()
 
-    def _recreated(self, topics: set[str]) -> set[str]:
-        """Those of ``topics`` whose id is not the one first seen (rule 6); the new id is
-        kept, so a topic counts as re-created once."""
-        known = {t: self.topic_ids[t] for t in topics if t in self.topic_ids}
-        ids_now = self._topic_ids_now(list(known))
-        recreated = {t for t, i in ids_now.items() if kafka_evidence.topic_recreated(i, known[t])}
-        if recreated:
-            self.topic_ids.update({t: ids_now[t] for t in recreated})
-            self.seen.changed()
-        return recreated
-
-    def _say_stale(self, now: PlanAnswers, stale: dict[TopicPartitionKey, tuple[int, int]]) -> None:
-        """Once per partition while it lasts (a partition past it is said again)."""
-        for key, (end, position) in sorted(stale.items()):
+    def _stand_still(
+        self, now: PlanAnswers, stale: dict[TopicPartitionKey, tuple[int, int]]
+    ) -> None:
+        """Stale answers are not planned to (this plan did not see them), said once per
+        partition while it lasts (a partition believed again is said again)."""
+        for key in stale:
+            now.latest.pop(key, None)
+            if key[0] == self.options.control_topic:
+                now.control_ends.pop(str(key[1]), None)
+        for key, (end, seen_end) in sorted(stale.items()):
             if key in self._said_low:
                 continue
             log.warning(
-                "%s[%d]'s log end %d (leader epoch %s) is below this query's position %d or "
-                "from an older leader epoch than %s, and Kafka gives no evidence that it "
-                "went back (the same topic id): a stale leader's answer; it stands still",
+                "%s[%d]'s log end %d (leader epoch %s) is below the %d this query saw or "
+                "read to, or from an older leader epoch than %s, and Kafka gives no "
+                "evidence that it went back (the same topic id): a stale leader's answer; "
+                "it stands still",
                 *key,
                 end,
                 now.leader_epochs.get(key, "unknown"),
-                position,
+                seen_end,
                 self.leader_epochs.get(key, "unknown"),
             )
             self._said_low.add(key)

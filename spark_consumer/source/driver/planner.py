@@ -19,7 +19,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from slackwater import kafka_clients
 from slackwater.markers import Marker, TopicPartitionKey
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source.driver import planner_process, restart_options, topic_partitions
@@ -40,6 +39,7 @@ from spark_consumer.source.driver.plan import (
 from spark_consumer.source.driver.plan_answers import PlanAnswers
 from spark_consumer.source.driver.planner_client import PlannerClient
 from spark_consumer.source.driver.progress_collector import ProgressCollector
+from spark_consumer.source.driver.progress_topic import ensure_progress_topic
 from spark_consumer.source.driver.run_ends import RunEnds
 from spark_consumer.source.driver.seen_in import kept_epochs
 from spark_consumer.source.shared.options import SourceOptions, channel
@@ -81,13 +81,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.kafka = kafka or PlannerClient(options)
         # Whether each partition is still the one read (went back, vanished), judged on
         # what the positions were seen in (topic ids, leader epochs: kept in the offset).
-        self.identity = PartitionIdentity(
-            options,
-            lambda names: kafka_clients.topic_ids(
-                self.kafka.admin, names, options.request_timeout_s
-            ),
-            self.kafka.describe,
-        )
+        self.identity = PartitionIdentity(options, self.kafka.describe)
         self.control = ControlReader(options, self.kafka, self.identity, self._channel_of)
         self.progress = ProgressCollector(options, self.kafka)
         self._memory = PlanMemory(options.max_event_time_ahead_ms)
@@ -166,8 +160,10 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return start_json  # no batch while the broker is away; the query keeps running
         self.kafka.authentication_failure()  # the broker answered: one before is history
         self.run.see(now, start)  # availableNow: the run's ends (Kafka's evidence: ``now``)
-        idle_clocks = self.options.consumer_idle_timeout_ms is not None
-        owed = idle_clocks or changes.pending or self.run.bounded or self.run.owes_eviction(start)
+        # Owed with no new record: idle clocks, changes, a bounded run, another topic id.
+        owed = self.options.consumer_idle_timeout_ms is not None or changes.pending
+        owed = owed or self.run.bounded or self.run.owes_eviction(start)
+        owed = owed or self.identity.recreated_since(now)
         run_view = self.run.capped(now)  # what this plan may plan on (``now``: all of it)
         if nothing_new_since(start, run_view) and not owed:
             return start_json  # the common idle trigger: no state to restore or write
@@ -226,7 +222,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # A replay after a restart reads before any plan: the readers' progress
             # needs its topic (the broker's auto-creation would give it no retention).
             with contextlib.suppress(KafkaException):
-                self.kafka.ensure_progress_topic()
+                ensure_progress_topic(self.kafka)
             self._progress_topic_checked = True
         tasks, synthetic = batch_tasks(
             self.options,
@@ -268,7 +264,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         while True:
             try:
                 self.kafka.admin.list_topics(timeout=min(5.0, self.options.request_timeout_s))
-                self.kafka.ensure_progress_topic()
+                ensure_progress_topic(self.kafka)
                 return self.kafka.subscribed_partitions()
             except KafkaException as error:
                 self.kafka.unreachable(error)

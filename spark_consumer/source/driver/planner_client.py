@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException
-from confluent_kafka.admin import NewTopic, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
-from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
+from slackwater import kafka_clients, kafka_logging, list_offsets
 from slackwater.kafka_logging import once_per_interval
 from slackwater.list_offsets import Answers
 from slackwater.list_offsets import Request as OffsetsRequest
@@ -100,15 +100,19 @@ class PlannerClient:
     # ---------------------------------------------------------------- what is there
 
     def observe(self, planned: Collection[str]) -> PlanAnswers:
-        """One metadata request and one ListOffsets round for the whole plan: the
-        subscribed topics' partitions and log ends, and the control topic's ends
-        (``planned``: the topics the query has read, see ``_not_refused``)."""
+        """One metadata request, one ListOffsets round and one DescribeTopics for the
+        whole plan: the subscribed topics' partitions, log ends and ids, and the control
+        topic's (``planned``: the topics the query has read, see ``_not_refused``). The
+        ids every plan: a topic re-created between two plans is another log whatever
+        its length (issue 41, finding 1)."""
         metadata = self.admin.list_topics(timeout=self._timeout_s)
         counts = self._subscribed(metadata, planned)
         control = self.options.control_topic
         control_count = (
             kafka_clients.partition_counts(metadata, [control]).get(control, 0) if control else 0
         )
+        asked_ids = [*counts, *([control] if control and control_count else [])]
+        ids = kafka_clients.TopicIds(self.admin, asked_ids, self._timeout_s)  # (sent now)
         latest = self.list_offsets(self._log_ends_asked(counts, control_count), "latest")
         control_ends = {
             str(p): latest[(control, p)]
@@ -123,6 +127,7 @@ class PlannerClient:
             control_ends,
             latest.leader_epochs,
             None if progress is None or progress.error else tuple(progress.partitions),
+            ids.result(),
         )
 
     def _log_ends_asked(
@@ -285,38 +290,6 @@ class PlannerClient:
                 )
             not_ready[key] = answer.name()
         return offsets, not_ready
-
-    # ---------------------------------------------------------------- the progress topic
-
-    def ensure_progress_topic(self) -> None:
-        """Makes the progress topic if it is not there, with a time retention of its own
-        (a restart needs only the last batch's records, and copes without them): the
-        broker's default may be infinite or size-only."""
-        name = self.options.progress_topic
-        if not kafka_clients.not_listed(self.admin.list_topics(timeout=self._timeout_s), [name]):
-            return
-        # Not listed: not there, or there but not the principal's to describe (a broker
-        # lists only those): asked for by name, a refusal says Describe, not Create.
-        answer = kafka_clients.asked_by_name(self.admin, [name], self._timeout_s)[name]
-        if answer is None:
-            return
-        refused = self.options.refused(answer, f"describe progress topic {name}")
-        if refused:
-            raise refused
-        config = {
-            "cleanup.policy": "delete",
-            "retention.ms": str(self.options.progress_retention_ms),
-        }
-        made = NewTopic(name, num_partitions=1, replication_factor=-1, config=config)
-        try:
-            kafka_clients.create_topic(self.admin, made, self._timeout_s)
-        except KafkaException as error:
-            reason = error.args[0] if error.args else None
-            if isinstance(reason, KafkaError) and kafka_evidence.not_answered(reason):
-                raise  # the broker is away, not a refusal: its callers wait for it
-            raise self.options.refused(
-                error.args[0], f"create progress topic {name}"
-            ) or SourceError(f"cannot create progress topic {name!r}: {error}") from error
 
     # ---------------------------------------------------------------- no answer
 

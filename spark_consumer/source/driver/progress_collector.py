@@ -26,6 +26,7 @@ from spark_consumer.alignment import NO_OFFSET, PartitionBatch
 from spark_consumer.source.driver.plan import Plan
 from spark_consumer.source.driver.plan_answers import PlanAnswers
 from spark_consumer.source.driver.planner_client import PLANNER_GROUP, PlannerClient
+from spark_consumer.source.driver.progress_topic import ensure_progress_topic
 from spark_consumer.source.shared.options import GONE_CHECK_S, SourceError, SourceOptions, channel
 from spark_consumer.source.wire.offset import Offsets, SourceOffset
 from spark_consumer.source.wire.progress import Progress
@@ -297,7 +298,7 @@ class ProgressCollector:
         described = self._kafka.describe(topic)
         missing = kafka_evidence.topic_missing(described)
         if gone.missing.answer(missing):
-            self._kafka.ensure_progress_topic()
+            ensure_progress_topic(self._kafka)
             return {}
         if missing or described.error is not None or not gone.read_to_end:
             return None  # the broker cannot tell now, or the records may still come

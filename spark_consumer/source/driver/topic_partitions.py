@@ -39,14 +39,16 @@ def follow(
 
     * A partition the broker lists that the plan does not (a new topic or partition)
       starts at its earliest offset, as a new channel.
-    * Offsets that went back (the topic was re-created, or truncated): failOnDataLoss
-      stops the query (``PartitionIdentity.went_back`` raises), or the partition starts again at
-      its earliest offset; its last batch no longer counts.
+    * A new log (the topic re-created, or truncated below the position): failOnDataLoss
+      stops the query (``PartitionIdentity.went_back`` raises), or the partition starts
+      again at its earliest offset, the records lost counted; its last batch no longer
+      counts.
 
     ``joining``: the partitions per topic that may join now (a run under availableNow:
     those there when it started); the broker's listing otherwise.
     """
     went_back = identity.went_back(plan.data, now)
+    _count_lost(plan, identity)
     counts = now.counts if joining is None else joining
     listed = [(t, p) for t, count in counts.items() for p in range(count)]
     new = [(t, p) for t, p in listed if str(p) not in plan.data.get(t, {})]
@@ -64,7 +66,8 @@ def follow(
         # Offsets that went back (failOnDataLoss=false): read again from the earliest
         # (one whose earliest is not known yet stands still until it is).
         log.warning(
-            "data loss: %s[%d]'s offsets went back; reading again from %d (failOnDataLoss=false)",
+            "%s[%d] is a new log (re-created, or truncated below this query's position): "
+            "read again from its earliest offset %d (failOnDataLoss=false)",
             topic,
             partition,
             offset,
@@ -116,7 +119,9 @@ def drop_unsubscribed(plan: Plan, options: SourceOptions, identity: PartitionIde
 def drop_vanished(plan: Plan, now: PlanAnswers, identity: PartitionIdentity) -> None:
     """Partitions the broker no longer lists (``PartitionIdentity.vanished``) leave the reading and
     count as FINISHED, what the emitter's FINISHED@log_end says of a deleted topic."""
-    for topic, partition in identity.vanished(plan.data, now):
+    vanished = identity.vanished(plan.data, now)
+    _count_lost(plan, identity)
+    for topic, partition in vanished:
         plan.data[topic].pop(str(partition))
         if not plan.data[topic]:
             del plan.data[topic]
@@ -129,3 +134,10 @@ def drop_vanished(plan: Plan, now: PlanAnswers, identity: PartitionIdentity) -> 
             topic,
             partition,
         )
+
+
+def _count_lost(plan: Plan, identity: PartitionIdentity) -> None:
+    """Records the data-loss policy let go (failOnDataLoss=false) count in the offset."""
+    lost = identity.take_records_lost()
+    if lost:
+        plan.count("records_lost", lost)

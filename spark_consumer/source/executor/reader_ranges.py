@@ -1,6 +1,7 @@
 """A range being read on an executor, and records gone from under it: retention, a
-deleted or re-created topic (judged by ``slackwater.kafka_evidence``, as the planner
-and the emitter judge them), followed as the option failOnDataLoss says."""
+deleted or re-created topic, a truncated log (judged by ``slackwater.kafka_evidence`` and
+``slackwater.log_verdict``, as the planner and the emitter judge them), followed as the
+one data-loss policy says (``shared/data_loss.py``: failOnDataLoss)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from slackwater import kafka_clients, kafka_evidence, list_offsets
+from slackwater import kafka_clients, kafka_evidence, list_offsets, log_verdict
+from slackwater.log_verdict import Answer, Seen, Verdict
 from slackwater.markers import TopicPartitionKey
+from spark_consumer.source.shared import data_loss
+from spark_consumer.source.shared.data_loss import Cause, Loss
 from spark_consumer.source.shared.options import READER, READER_CLIENT, SourceError, SourceOptions
 
 log = logging.getLogger("spark_consumer.source.executor.readers")
@@ -83,16 +87,20 @@ def follow_gone(
         if current.topic not in described:
             described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
         out_of_range = failure is not None and kafka_evidence.fetch_out_of_range(failure)
-        gone_until, missing = _gone_until(
+        until, missing = _gone_until(
             consumer, current, described[current.topic], options.request_timeout_s, out_of_range
         )
-        if gone_until is None and missing is False and not out_of_range:
-            gone_until = _recreated_under(consumer, current, ids_now, options.request_timeout_s)
+        gone: tuple[int, Cause] | None = None
+        if until is not None:  # (a cause None: went back, re-created or truncated)
+            gone = (until[0], until[1] or _went_back_cause(current, ids_now))
+        if gone is None and missing is False and not out_of_range:
+            gone = _new_log_under(consumer, current, ids_now, options.request_timeout_s)
         if current.missing.answer(missing):  # (kafka_evidence rule 2: told twice)
-            gone_until = current.end  # the topic or partition is gone, the range too
-        if gone_until is not None:
-            current.lost += _lose(options, current, gone_until)
-            current.move_to(gone_until)
+            gone = (current.end, Cause.DELETED)  # the topic or partition is gone, the range too
+        if gone is not None:
+            loss = Loss(current.topic, current.partition, current.position, *gone, planned=True)
+            current.lost += data_loss.report(options, loss, log)
+            current.move_to(gone[0])
             moved = True
         elif out_of_range:
             # The log start and end do not bear the fetch out (a stale answer): fetched
@@ -157,14 +165,14 @@ class _TopicIdsNow:
         return end, answers.leader_epochs.get((topic, partition))
 
 
-def _recreated_under(
-    consumer: Any, split: Reading, topic_id_now: _TopicIdsNow, timeout_s: float
-) -> int | None:
-    """The range's end if its topic was re-created, or its log truncated, since it was
-    planned: the log ends at or before the position, below the planned end (nothing more
-    of the range can come, so no fetch will ever say out of range), and the topic's id
-    is another (kafka_evidence rule 6) or the leader epoch newer (rule 3). A lower end
-    with neither is a stale leader's: the range waits."""
+def _new_log_under(
+    consumer: Any, split: Reading, ask: _TopicIdsNow, timeout_s: float
+) -> tuple[int, Cause] | None:
+    """The range's end and why, if its log is a new one since it was planned
+    (``slackwater.log_verdict``: RECREATED, or TRUNCATED at or below the position): the
+    log ends at or before the position, below the planned end, so nothing more of the
+    range can come and no fetch will ever say out of range. Any other verdict (a stale
+    leader's lower end above all) leaves the range waiting."""
     if split.topic_id is None:
         return None  # planned without the id (a replay before any plan): cannot tell
     try:
@@ -174,19 +182,27 @@ def _recreated_under(
     except KafkaException:
         return None
     if not (log_end <= split.position and kafka_evidence.lower_end(int(log_end), split.end)):
-        return None
-    if kafka_evidence.topic_recreated(topic_id_now(split.topic), split.topic_id):
-        return split.end
-    if split.leader_epoch is None:
-        return None
+        return None  # (the cheap look first: the consumer's cached watermark)
     # The end and the epoch of one answer: a stale end beside a fresh epoch is no proof.
-    answer = topic_id_now.log_end(split.topic, split.partition)
-    truncated = (
-        answer is not None
-        and answer[0] <= split.position
-        and kafka_evidence.log_end_went_back(answer[0], split.end, answer[1], split.leader_epoch)
-    )
-    return split.end if truncated else None  # (by an unclean election since it was planned)
+    end, epoch = ask.log_end(split.topic, split.partition) or (None, None)
+    seen = Seen(split.end, split.leader_epoch, split.topic_id)
+    verdict = log_verdict.judge(seen, Answer(end, epoch, ask(split.topic)))
+    if verdict is Verdict.RECREATED or (
+        verdict is Verdict.TRUNCATED and end is not None and end <= split.position
+    ):
+        return split.end, _CAUSES[verdict]
+    return None
+
+
+def _went_back_cause(split: Reading, ask: _TopicIdsNow) -> Cause:
+    """Why a fetch found the position past a log that ends below the planned end (rule
+    7, then rule 4's WENT_BACK): another topic id says re-created (rule 6); the same one,
+    or none known, a truncation."""
+    recreated = kafka_evidence.topic_recreated(ask(split.topic), split.topic_id)
+    return Cause.RECREATED if recreated else Cause.TRUNCATED
+
+
+_CAUSES = {Verdict.RECREATED: Cause.RECREATED, Verdict.TRUNCATED: Cause.TRUNCATED}
 
 
 # What _describe answers when the broker cannot tell now.
@@ -203,13 +219,13 @@ def _describe(consumer: Any, topic: str, timeout_s: float) -> Any:
 
 def _gone_until(
     consumer: Any, split: Reading, described: Any, timeout_s: float, out_of_range: bool
-) -> tuple[int | None, bool | None]:
-    """Where the records gone from the range's position on end (``[position, x)``), or
-    None when they are there (kafka_evidence rule 4, asked only when the fetch was
-    ``out_of_range``, rule 7: retention moved the log start past the position, or the
-    offsets went back). And whether the broker says the topic (or partition) does not
-    exist (rule 1), which the caller believes only when told twice (rule 2); None if it
-    could not tell."""
+) -> tuple[tuple[int, Cause | None] | None, bool | None]:
+    """Where the records gone from the range's position on end (``[position, x)``) and
+    why (None: the offsets went back, which the caller tells apart), or None when they
+    are there (kafka_evidence rule 4, asked only when the fetch was ``out_of_range``,
+    rule 7: retention moved the log start past the position, or the offsets went back).
+    And whether the broker says the topic (or partition) does not exist (rule 1), which
+    the caller believes only when told twice (rule 2); None if it could not tell."""
     if described is _CANNOT_TELL:
         return None, None  # the broker cannot tell now: keep reading until the timeout
     if kafka_evidence.partition_missing(described, split.partition):
@@ -229,21 +245,7 @@ def _gone_until(
     # The range was planned up to its end: records below it existed.
     gone = kafka_evidence.records_gone(split.position, int(log_start), int(log_end), split.end)
     if gone is kafka_evidence.Gone.RETENTION:
-        return min(int(log_start), split.end), False  # (or DeleteRecords)
+        return (min(int(log_start), split.end), Cause.RETENTION), False  # (or DeleteRecords)
     if gone is kafka_evidence.Gone.WENT_BACK:
-        return split.end, False  # re-created or truncated: the rest is not coming
+        return (split.end, None), False  # re-created or truncated: the rest is not coming
     return None, False
-
-
-def _lose(options: SourceOptions, split: Reading, gone_until: int) -> int:
-    """failOnDataLoss: stop with one error, or count the gone records and go on."""
-    position = split.position
-    where = f"{split.topic}[{split.partition}] offsets {position} to {gone_until - 1}"
-    if options.fail_on_data_loss:
-        raise SourceError(
-            f"data loss: {where} are gone (retention, or the topic was deleted or "
-            "re-created) before this query read them; the option failOnDataLoss=false "
-            "goes on past them"
-        )
-    log.warning("data loss: %s are gone; skipped (failOnDataLoss=false)", where)
-    return gone_until - position
