@@ -31,7 +31,7 @@ lost, and why, is ``lost`` (the source's failOnDataLoss then decides what to do)
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from slackwater import kafka_evidence
 
@@ -52,17 +52,16 @@ class Verdict(enum.Enum):
         return self in (Verdict.TRUNCATED, Verdict.RECREATED, Verdict.DELETED)
 
 
-@dataclass(frozen=True)
-class Seen:
-    """What this side saw of a partition before the answer (None: nothing yet)."""
+class Seen(NamedTuple):
+    """What this side saw of a partition before the answer (None: nothing yet). (Named
+    tuples: made per partition per plan, half the cost of frozen dataclasses.)"""
 
     end: int | None = None  # the highest log end seen, or the position read up to
     leader_epoch: int | None = None  # the newest leader epoch an end was answered in
     topic_id: str | None = None  # its topic's id when first seen
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """One round of answers for a partition (None: not asked, or not answered)."""
 
     log_end: int | None = None
@@ -122,13 +121,17 @@ def lost(verdict: Verdict, position: int, seen: Seen, answer: Answer) -> tuple[i
 
 
 def after(seen: Seen, answer: Answer, verdict: Verdict) -> Seen:
-    """What this side has seen once ``answer`` is judged: a new log is seen afresh from
-    the answer, a stale or missing answer changes nothing, a same or grown log keeps the
+    """What this side has seen once ``answer`` is judged: a stale or missing answer
+    changes nothing; a re-created topic's log is seen from its next answer (this one's
+    log end may still be the old log's: ids and log ends come from two requests); a
+    truncated log from this answer (a newer leader's); a same or grown log keeps the
     highest end and the newest epoch."""
     if verdict is Verdict.UNKNOWN or verdict is Verdict.DELETED:
         return seen
     topic_id = answer.topic_id if answer.topic_id is not None else seen.topic_id
-    if verdict.new_log:
+    if verdict is Verdict.RECREATED:
+        return Seen(None, None, topic_id)
+    if verdict is Verdict.TRUNCATED:
         return Seen(answer.log_end, answer.leader_epoch, topic_id)
     epoch = seen.leader_epoch
     if answer.leader_epoch is not None and (epoch is None or answer.leader_epoch > epoch):

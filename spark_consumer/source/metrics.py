@@ -166,10 +166,11 @@ _COUNTERS = {
     "markers_held_dropped": "Markers for unlisted partitions dropped: the held list was full.",
     "records_after_finished": "Records read on a FINISHED partition (a protocol violation).",
     "data_reactivations": "IDLE partitions made ACTIVE again by data (data beats markers).",
-    "records_lost": "Records gone before they were read (retention, a deleted topic), skipped "
-    "with failOnDataLoss=false.",
+    "records_lost": "Records gone before they were read (retention, a deleted, re-created or "
+    "truncated log; planned, or only seen in a log end), skipped with failOnDataLoss=false.",
     "offsets_went_back": "Partitions read again from their earliest offset because their log "
-    "end went below the read position (re-created topic), failOnDataLoss=false.",
+    "is a new one (topic re-created, or truncated below the read position), "
+    "failOnDataLoss=false.",
     "partitions_deleted": "Partitions gone from the broker (topic deleted, or re-created with "
     "fewer partitions): they count as FINISHED.",
     "partitions_ended": "Partitions a bounded run (endingOffsets) read to their ends: they "

@@ -37,14 +37,23 @@ from tests.harness.source_driver import Driven, options, real
 # ------------------------------------------------------------ 6, 7. deleted topics, lost data
 
 
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_a_deleted_topic_leaves_the_valve_as_finished(
-    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
 ) -> None:
+    """Read to its end, a deleted topic loses nothing: FINISHED whatever failOnDataLoss
+    says (docs/source.md's table of events)."""
     behind, ahead = new_topic(partitions=1), new_topic(partitions=1)
     control = new_topic(partitions=1, prefix="ctl")
     Writer(broker.bootstrap_servers, behind, control).data(0, 0, 1, 2)
     Writer(broker.bootstrap_servers, ahead, control).data(0, *range(20))
-    driven = Driven.start(options(broker.bootstrap_servers, f"{behind},{ahead}", control))
+    given = options(
+        broker.bootstrap_servers,
+        f"{behind},{ahead}",
+        control,
+        failOnDataLoss=text(fail_on_data_loss),
+    )
+    driven = Driven.start(given)
     try:
         driven.step()
         driven.step()
@@ -54,6 +63,7 @@ def test_a_deleted_topic_leaves_the_valve_as_finished(
         # it leaves once missing for a while and a request for it says it does not exist.
         step_until(driven, lambda: driven.counter("partitions_deleted") == 1, "the deletion")
         assert driven.statuses()[f"{behind}:0"] == "FINISHED"
+        assert driven.counter("records_lost") == 0
         assert sorted(SourceOffset.decode(driven.offset).data) == [ahead]
         assert driven.offset["watermark"] == BASE_MS + 18_000
         # Asking the broker about the deleted topic did not make it again: Kafka creates

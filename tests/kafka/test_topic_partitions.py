@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
+from spark_consumer.source import SourceError
 from tests.conftest import TopicFactory
 from tests.harness.factories import wait_until
 from tests.harness.kafka_writer import BASE_MS, Writer
@@ -23,6 +25,7 @@ from tests.harness.production import (
     delete_topic,
     setup,
     step_until,
+    text,
 )
 from tests.harness.source_driver import Driven, options, real
 from tests.harness.source_jobs import late_output_rows
@@ -33,19 +36,26 @@ ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FI
 # ------------------------------------------------------------ 6, 7. deleted topics, lost data
 
 
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_partitions_gone_from_a_topic_recreated_with_fewer_leave_the_valve(
-    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
 ) -> None:
     topic, control, write = setup(broker, new_topic, 2)
     write.data(0, *range(10))
     write.data(1, *range(5))
-    given = options(broker.bootstrap_servers, topic, control, failOnDataLoss="false")
+    given = options(
+        broker.bootstrap_servers, topic, control, failOnDataLoss=text(fail_on_data_loss)
+    )
     driven = Driven.start(given)
     try:
         driven.step()
         delete_topic(admin, topic)
         wait_until(lambda: created(admin, topic, partitions=1), 60, f"{topic} created again")
         Writer(broker.bootstrap_servers, topic, control).data(0, 30, 31, 32)
+        if fail_on_data_loss:
+            with pytest.raises(SourceError, match=rf"{topic}\[0\]: the topic was deleted and re-"):
+                step_until(driven, lambda: False, "the query to stop")
+            return
         rows = step_until(
             driven,
             lambda: (
@@ -60,6 +70,41 @@ def test_partitions_gone_from_a_topic_recreated_with_fewer_leave_the_valve(
         assert [(row["partition"], row["offset"]) for row in rows] == [(0, 0), (0, 1), (0, 2)]
         driven.step()
         assert driven.offset["watermark"] == BASE_MS + 31_000  # p1 no longer holds it at 3 s
+    finally:
+        driven.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_topic_recreated_with_more_partitions_is_read_whole_from_its_start(
+    broker: KafkaBroker, new_topic: TopicFactory, admin: AdminClient, fail_on_data_loss: bool
+) -> None:
+    """Re-created with more partitions: every old one is a new log (rule 6, its id),
+    read again from its start, and the new ones join from theirs; or the query stops."""
+    topic, control, write = setup(broker, new_topic, 1)
+    write.data(0, *range(10))
+    given = options(
+        broker.bootstrap_servers, topic, control, failOnDataLoss=text(fail_on_data_loss)
+    )
+    driven = Driven.start(given)
+    try:
+        assert len(real(driven.step())) == 10
+        delete_topic(admin, topic)
+        wait_until(lambda: created(admin, topic, partitions=2), 60, f"{topic} created again")
+        again = Writer(broker.bootstrap_servers, topic, control)
+        again.data(0, *range(30, 42))
+        again.data(1, 50, 51)
+        if fail_on_data_loss:
+            with pytest.raises(SourceError, match=rf"{topic}\[0\]: the topic was deleted and re-"):
+                step_until(driven, lambda: False, "the query to stop")
+            return
+        rows = step_until(driven, lambda: driven.counter("records") == 10 + 14, "the new log")
+        assert sorted((row["partition"], row["offset"]) for row in rows) == [
+            *((0, offset) for offset in range(12)),
+            (1, 0),
+            (1, 1),
+        ]
+        assert driven.counter("offsets_went_back") == 1
+        assert driven.counter("records_lost") == 0
     finally:
         driven.stop()
 

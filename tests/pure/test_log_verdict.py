@@ -85,8 +85,13 @@ def test_the_same_log_loses_nothing(verdict: Verdict) -> None:
 # ------------------------------------------------------------ what is seen after
 
 
-def test_a_new_log_is_seen_afresh_from_its_answer() -> None:
-    assert after(SEEN, Answer(5, 0, "b"), Verdict.RECREATED) == Seen(5, 0, "b")
+def test_a_recreated_log_is_seen_from_its_next_answer() -> None:
+    """The answer that came with the new id may be the old log's (two requests)."""
+    assert after(SEEN, Answer(500, 7, "b"), Verdict.RECREATED) == Seen(None, None, "b")
+    assert judge(Seen(None, None, "b"), Answer(3, 0, "b")) is Verdict.GREW
+
+
+def test_a_truncated_log_is_seen_afresh_from_its_answer() -> None:
     assert after(SEEN, Answer(60, 5, None), Verdict.TRUNCATED) == Seen(60, 5, "a")
 
 

@@ -89,11 +89,10 @@ class ControlReader:
             plan.control.setdefault(partition, 0)
         for partition in self._identity.control_went_back(plan.control, now):
             log.warning(
-                "control topic %s[%s] ends at %d, before this query's position %d, and "
-                "went back (re-created or truncated): reading it again from its start",
+                "control topic %s[%s] is a new log (re-created, or truncated below this "
+                "query's position %d): reading it again from its start",
                 self.options.control_topic,
                 partition,
-                now.control_ends[partition],
                 plan.control[partition],
             )
             plan.control[partition] = 0

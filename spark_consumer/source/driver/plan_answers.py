@@ -1,7 +1,7 @@
-"""What one plan saw of Kafka: the answers of one metadata request, one ListOffsets round
-and one DescribeTopics for the topics' ids (``PlannerClient.observe``), which every step
-of the plan judges. The emitter's ``PollAnswers`` is what one poll saw (other questions:
-committed offsets, members)."""
+"""What one plan saw of Kafka: the answers of one metadata request and one ListOffsets
+round (``PlannerClient.observe``), and the ids of the topics whose answers changed,
+which every step of the plan judges. The emitter's ``PollAnswers`` is what one poll saw
+(other questions: committed offsets, members)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class PlanAnswers:
     # The progress topic's partitions, from the same metadata; None if it is not listed
     # there (not there, or not the principal's to list: asked by name then).
     progress_partitions: tuple[int, ...] | None = None
-    # The id of each subscribed topic and of the control topic, described this plan
-    # (one not answered is left out: its identity is unknown this plan, not changed).
+    # The ids of the topics described this plan (``PartitionIdentity.to_ask``: those
+    # whose answers changed, or whose id is not known); a topic not asked or not
+    # answered is left out: its identity is unknown this plan, not changed.
     topic_ids: dict[str, str] = field(default_factory=dict)

@@ -56,7 +56,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
         latestOffset(start, limit)
           1. look at Kafka               kafka.observe (planner_client): partitions, log
-                                         ends, control ends; identity.learn: new topic ids
+                                         ends, control ends; the ids of topics whose
+                                         ends changed; identity.learn: new topic ids
           2. collect progress            progress.collect: what the last batch read
           3. follow partitions           topic_partitions.follow: new ones join, went back
                                          (identity.went_back, partition_identity.py)
@@ -160,10 +161,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return start_json  # no batch while the broker is away; the query keeps running
         self.kafka.authentication_failure()  # the broker answered: one before is history
         self.run.see(now, start)  # availableNow: the run's ends (Kafka's evidence: ``now``)
-        # Owed with no new record: idle clocks, changes, a bounded run, another topic id.
-        owed = self.options.consumer_idle_timeout_ms is not None or changes.pending
-        owed = owed or self.run.bounded or self.run.owes_eviction(start)
-        owed = owed or self.identity.recreated_since(now)
+        idle_clocks = self.options.consumer_idle_timeout_ms is not None
+        owed = idle_clocks or changes.pending or self.run.bounded or self.run.owes_eviction(start)
         run_view = self.run.capped(now)  # what this plan may plan on (``now``: all of it)
         if nothing_new_since(start, run_view) and not owed:
             return start_json  # the common idle trigger: no state to restore or write
@@ -277,6 +276,8 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         while True:
             try:
                 now = self.kafka.observe(start.data.keys())
+                asked = self.identity.to_ask(now, start.ends_by_key)
+                now.topic_ids.update(self.kafka.topic_ids(asked) if asked else {})
                 self.identity.learn(now)  # a topic first seen: its id (rule 6)
                 return now
             except KafkaException as error:

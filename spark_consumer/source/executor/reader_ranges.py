@@ -87,16 +87,7 @@ def follow_gone(
         if current.topic not in described:
             described[current.topic] = _describe(consumer, current.topic, options.request_timeout_s)
         out_of_range = failure is not None and kafka_evidence.fetch_out_of_range(failure)
-        until, missing = _gone_until(
-            consumer, current, described[current.topic], options.request_timeout_s, out_of_range
-        )
-        gone: tuple[int, Cause] | None = None
-        if until is not None:  # (a cause None: went back, re-created or truncated)
-            gone = (until[0], until[1] or _went_back_cause(current, ids_now))
-        if gone is None and missing is False and not out_of_range:
-            gone = _new_log_under(consumer, current, ids_now, options.request_timeout_s)
-        if current.missing.answer(missing):  # (kafka_evidence rule 2: told twice)
-            gone = (current.end, Cause.DELETED)  # the topic or partition is gone, the range too
+        gone = _gone(consumer, current, described[current.topic], out_of_range, ids_now)
         if gone is not None:
             loss = Loss(current.topic, current.partition, current.position, *gone, planned=True)
             current.lost += data_loss.report(options, loss, log)
@@ -125,12 +116,30 @@ def follow_gone(
     return moved
 
 
+def _gone(
+    consumer: Any, current: Reading, described: Any, out_of_range: bool, ids_now: _TopicIdsNow
+) -> tuple[int, Cause] | None:
+    """Where the records gone from the range's position end, and why; None if none are
+    (or the broker cannot tell yet)."""
+    timeout_s = ids_now.timeout_s
+    until, missing = _gone_until(consumer, current, described, timeout_s, out_of_range)
+    gone: tuple[int, Cause] | None = None
+    if until is not None:  # (a cause None: went back, re-created or truncated)
+        gone = (until[0], until[1] or _went_back_cause(current, ids_now))
+    if gone is None and missing is False and not out_of_range:
+        gone = _new_log_under(consumer, current, ids_now, timeout_s)
+    if current.missing.answer(missing):  # (kafka_evidence rule 2: told twice)
+        gone = (current.end, Cause.DELETED)  # the topic or partition is gone, the range too
+    return gone
+
+
 class _TopicIdsNow:
     """Topic ids asked of the broker (DescribeTopics), through an Admin client made only
     when one is asked for: a reader needs one only when a range stays below its end."""
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
+        self.timeout_s = options.request_timeout_s
         self._admin: Any = None
         self._ids: dict[str, str | None] = {}
 

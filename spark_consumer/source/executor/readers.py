@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import TopicPartition
 
-from slackwater import kafka_clients, kafka_logging
+from slackwater import kafka_clients, kafka_evidence, kafka_logging
 from slackwater.markers import TopicPartitionKey
 from spark_consumer.source.executor import reader_clients
 from spark_consumer.source.executor.arrow_rows import RowBuilder, runs, synthetic_batch
@@ -208,7 +208,7 @@ def _skip_gaps(consumer: Any, open_ranges: dict[TopicPartitionKey, Reading]) -> 
     positions = consumer.position([TopicPartition(t, p) for t, p in open_ranges])
     for answer in positions:
         current = open_ranges[(answer.topic, answer.partition)]
-        if answer.offset > current.position:
+        if kafka_evidence.known_offset(answer.offset) and answer.offset > current.position:
             current.move_to(min(answer.offset, current.end))
 
 
