@@ -19,18 +19,29 @@ it, or kept from the checkpoint and logged; never the checkpoint's value in sile
 
 Every other option is applied as the query runs (source.md's table). The offset keeps
 what its batch was planned with (``planned_with``; maxOutOfOrderness and
-consumerIdleTimeout are in its aligner state). An offset written before has none: its
-restart compares nothing else, and reads the last batch by the option as it is now.
+consumerIdleTimeout are in its aligner state). An offset written before has none (issue
+41, item 5): what the source can still know stands in for it (``known_planned``): the
+topics its data positions name, no bounded run, and what its readers left on Kafka
+(``find_old_readers``): the progress topic holding its query's records, the field their
+keys spell, the control topic that progress topic is named after. What it cannot know
+is said in one line, with the safe choice made.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import KafkaException, TopicPartition
+
+from spark_consumer.source.driver.planner_client import PlannerClient
 from spark_consumer.source.shared.options import SourceError, SourceOptions, same_ends
 from spark_consumer.source.wire.offset import SourceOffset
+from spark_consumer.source.wire.progress import synthetic_progress_key
+from spark_consumer.source.wire.splits import batch_tasks
 
 if TYPE_CHECKING:
     from spark_consumer.alignment import MarkerAligner
@@ -75,13 +86,23 @@ def apply(aligner: MarkerAligner, options: SourceOptions) -> None:
         aligner.take_max_out_of_orderness(options.max_out_of_orderness_ms)
 
 
-def compare(offset: SourceOffset, options: SourceOptions) -> Changes:
+def compare(offset: SourceOffset, options: SourceOptions, find: Finder | None = None) -> Changes:
     """The options against those the checkpoint's ``offset`` was planned with: one line
-    logged for each one changed, a ``SourceError`` for a change refused."""
+    logged for each one changed, a ``SourceError`` for a change refused. An offset written
+    before ``planned_with`` gets what the source can know of it (``known_planned``, from
+    what ``find``, by default ``find_old_readers``, finds its readers left on Kafka), kept
+    in that offset: the planner keeps the object by its plan id, so the wait for its
+    batch's progress, and a replay of that batch, read by the field its readers' keys
+    spell (splits.event_time_field), not by one they never wrote."""
+    guessed: list[str] = []
+    if not offset.planned_with:
+        known, guessed = known_planned(offset, options, (find or find_old_readers)(offset, options))
+        offset.planned_with.update(known)
     planned = offset.planned_with
     _refuse_another_progress_topic(planned, options)
     _refuse_past_a_bounded_run(planned, options)
     lines = [*_aligner_lines(offset.aligner, options), *_planned_lines(planned, options)]
+    lines += guessed
     for line in lines:
         log.warning("%s", line)
     return Changes(
@@ -222,7 +243,7 @@ def _control_topic_line(was: str | None, now: str | None) -> str:
     if now is None:
         what = (
             "applied from this restart on: no markers are read (the valve works on data "
-            f"alone); markers of {was!r} already read still apply"
+            f"alone); markers of {_topic(was)} already read still apply"
         )
     elif was is None:
         what = f"applied from this restart on: {now!r} is read from its start"
@@ -235,4 +256,237 @@ def _control_topic_line(was: str | None, now: str | None) -> str:
 
 
 def _topic(name: str | None) -> str:
-    return "none" if name is None else repr(name)
+    return "none" if name is None else name if name == _UNNAMED else repr(name)
+
+
+# ------------------------------------------------------------ a checkpoint written before
+
+# What the lines about an offset without ``planned_with`` say of it.
+_OLD = "this checkpoint, written before offsets recorded the options they were planned with,"
+# The control topic such an offset read, when nothing names it.
+_UNNAMED = "a control topic it does not name"
+
+
+@dataclass(frozen=True)
+class OldReaders:
+    """What the readers of a checkpoint written before ``planned_with`` left on Kafka
+    (``find_old_readers``); None: not found."""
+
+    # The topic holding its query's progress records (around the checkpoint's positions).
+    progress_topic: str | None = None
+    # The field their keys spell: the last batch's, else its query's newest ("timestamp":
+    # the Kafka timestamp; a field of that name spells the same).
+    field: str | None = None
+    # The topic the broker lists that the progress topic is named after (<it>.progress,
+    # the source's default): the control topic the checkpoint read.
+    control_topic: str | None = None
+
+
+Finder = Callable[[SourceOffset, SourceOptions], OldReaders]
+
+
+def known_planned(
+    offset: SourceOffset, options: SourceOptions, found: OldReaders
+) -> tuple[dict[str, Any], list[str]]:
+    """What an offset written before ``planned_with`` was planned with, as far as the
+    source can know: as ``planned_with`` would say it (compared as a new offset's is),
+    and one line for each option it cannot know whose change matters, with the choice
+    made. Options no offset of then could differ in are taken as they are now (a bounded
+    run came after ``planned_with``; ``watermarkDelay`` and ``startingOffsets`` act
+    the same whatever they were)."""
+    known = {**planned_with(options), **_read_subscription(offset, options)}
+    known["endingOffsets"] = None
+    guessed = []
+    if found.progress_topic is not None:
+        known["progressTopic"] = found.progress_topic
+    else:
+        guessed.append(_unknown_progress_topic(options))
+    if found.field is not None:
+        known["eventTimeField"] = _spelt(found.field, options.event_time_field)
+    else:
+        guessed.append(_unknown_field(options))
+    known["controlTopic"], line = _read_control(offset, options, found)
+    return known, guessed + ([line] if line else [])
+
+
+def _read_subscription(offset: SourceOffset, options: SourceOptions) -> dict[str, Any]:
+    """The subscription as the data positions name it: the topics read; the pattern as
+    it is now if it takes every one of them (a topic it adds joins as any of a pattern's)."""
+    read = sorted(offset.data)
+    if options.topic_pattern is not None and all(options.subscribes(t) for t in read):
+        return {"subscribe": None, "subscribePattern": options.topic_pattern}
+    return {"subscribe": ",".join(read) or None, "subscribePattern": None}
+
+
+def _spelt(key_field: str, now: str | None) -> str | None:
+    """The eventTimeField a progress key's field stands for."""
+    if key_field == (now or "timestamp"):
+        return now  # the same key: the same field (or the Kafka timestamp)
+    return None if key_field == "timestamp" else key_field
+
+
+def _read_control(
+    offset: SourceOffset, options: SourceOptions, found: OldReaders
+) -> tuple[str | None, str | None]:
+    """The control topic the offset's control positions are on, and the line when the
+    source cannot know it: none without positions; the one its progress topic is named
+    after; else taken as the one now, positions kept (reading a topic again from its
+    start would apply markers again that data has not overtaken, and move a watermark)."""
+    if not offset.control:
+        return None, None
+    if found.control_topic is not None:
+        return found.control_topic, None
+    now = options.control_topic
+    if now is None:
+        return _UNNAMED, None  # read before, none now: applied whatever it was
+    what = (
+        f"{_OLD} does not name the control topic its positions are on, nor does its progress "
+        f"topic (not found, or not named after a topic the broker lists): they are taken as "
+        f"{now!r}'s; if the query read another control topic, restart once with that one, "
+        f"then change it, or the markers of {now!r} below them are never read"
+    )
+    return now, f"option 'controlTopic' is {now!r}: {what}"
+
+
+def _unknown_field(options: SourceOptions) -> str:
+    field = _field(options.event_time_field)
+    what = (
+        f"{_OLD} does not say the field its batches were read by, and no progress record of "
+        f"its query was found to say it: every batch from this restart on is read by "
+        f"{field} (the one planned before it too, should Spark run it again); a watermark "
+        "never goes back, so if it is another field than before, records whose event time "
+        "by it is below the watermark are late"
+    )
+    return f"option 'eventTimeField' is {field}: {what}"
+
+
+def _unknown_progress_topic(options: SourceOptions) -> str:
+    topic = options.progress_topic
+    named = "" if options.progress_topic_name else " (from controlTopic)"
+    what = (
+        f"{_OLD} does not name its progress topic, and no record of its query is on {topic!r} "
+        "or another topic named *.progress: its last batch's progress is waited for on "
+        f"{topic!r} (read as unknown if gone, which can hold the watermark back, never make "
+        "a row late); if the query ran with another progress topic, set progressTopic to it"
+    )
+    return f"option 'progressTopic' is {topic!r}{named}: {what}"
+
+
+# What its readers left, read once at the restart: records per partition before the
+# checkpoint's progress position (its planner read its query's earlier batches' there)
+# and after it (its last batch's readers wrote there).
+LOOK_BACK, LOOK_AHEAD = 1_000, 10_000
+_FIELD = "\x00"  # stands for the field in a key made to find the field
+
+
+def find_old_readers(offset: SourceOffset, options: SourceOptions) -> OldReaders:
+    """Where the records of the offset's query are: on the progress topic as the query
+    runs now, else on another topic named *.progress (the source's default names); the
+    broker is asked until it answers, as a query's first look does. A topic it cannot
+    read is passed over: the collector's own wait says what is wrong with the one it
+    reads."""
+    client, keys = PlannerClient(options), _OldKeys(offset, options)
+    while True:
+        # Not the planner's wrapper: a refusal of another query's topic ends nothing.
+        consumer = client.consumer("restart").consumer
+        try:
+            listed = client.admin.list_topics(timeout=options.request_timeout_s).topics
+            others = sorted(t for t in listed if t.endswith(".progress"))
+            for topic in dict.fromkeys([options.progress_topic, *others]):
+                if topic not in listed:
+                    continue
+                try:
+                    partitions = sorted(listed[topic].partitions)
+                    seen = _read_around(client, consumer, (topic, partitions), offset, keys)
+                except SourceError as error:  # its offsets refused, or not to be had
+                    log.info("passed over %s: %s", topic, error)
+                    continue
+                if seen.seen:
+                    named = topic.removesuffix(".progress")
+                    control = named if named != topic and named in listed else None
+                    return OldReaders(topic, seen.exact or seen.newest[1], control)
+            return OldReaders()
+        except KafkaException as error:
+            client.unreachable(error)  # said; a failed authentication ends the query
+            time.sleep(1.0)
+        finally:
+            consumer.close()
+
+
+@dataclass
+class _Seen:
+    """What the records read so far show of the offset's query."""
+
+    seen: bool = False
+    exact: str | None = None  # the field its last batch's keys spell
+    newest: tuple[int, str | None] = (-1, None)  # (time, field) of its query's newest key
+
+
+class _OldKeys:
+    """How the old readers' records are told: the last batch's keys whatever field they
+    spell (its tasks', as ``batch_tasks`` makes them again), its synthetic row's, and any
+    key of its query (its identity leads its keys)."""
+
+    def __init__(self, offset: SourceOffset, options: SourceOptions) -> None:
+        tasks, _ = batch_tasks(options, offset)
+        self.last = [task.progress_key(_FIELD).split(_FIELD) for task in tasks]
+        self.synthetic = synthetic_progress_key(offset.plan_id) if offset.plan_id else None
+        self.query = f"{offset.query}/" if offset.query else None
+
+    def take(self, key: str, stamp: int, seen: _Seen) -> None:
+        for prefix, suffix in self.last:
+            inside = len(key) - len(prefix) - len(suffix)
+            if inside > 0 and key.startswith(prefix) and key.endswith(suffix):
+                seen.seen, seen.exact = True, key[len(prefix) : len(prefix) + inside]
+                return
+        if self.query is not None and key.startswith(self.query):
+            seen.seen = True
+            if stamp >= seen.newest[0]:
+                seen.newest = (stamp, _field_in(key[len(self.query) :]) or seen.newest[1])
+        seen.seen = seen.seen or key == self.synthetic
+
+
+def _field_in(key: str) -> str | None:
+    """The field in a key of a query (after its identity): ``task:<topic>:<p>:<a>-<b>+<n>:
+    <threshold>:<field>:<digest>``, or version 1's ``<topic>:<p>:<a>-<b>:<threshold>:
+    <field>``; a topic has no ':', a field may."""
+    parts = key.removeprefix("task:").split(":", 4)
+    if len(parts) < 5:
+        return None
+    return parts[4].rsplit(":", 1)[0] if key.startswith("task:") else parts[4]
+
+
+def _read_around(
+    client: PlannerClient,
+    consumer: Any,
+    listed: tuple[str, list[int]],
+    offset: SourceOffset,
+    keys: _OldKeys,
+) -> _Seen:
+    """The records of a topic (``listed``: its name and partitions) from LOOK_BACK before
+    the offset's progress position on each partition (its log start without one) to
+    LOOK_AHEAD after, until the last batch's key is found."""
+    topic, partitions = listed
+    asked = [(topic, p) for p in partitions]
+    low, high = client.list_offsets(asked, "earliest"), client.list_offsets(asked, "latest")
+    windows = {}
+    for key in set(low) & set(high):
+        middle = max(low[key], offset.progress.get(str(key[1]), low[key]))
+        windows[key[1]] = (max(low[key], middle - LOOK_BACK), min(high[key], middle + LOOK_AHEAD))
+    reading = {p: end for p, (start, end) in windows.items() if start < end}
+    seen = _Seen()
+    consumer.assign([TopicPartition(topic, p, windows[p][0]) for p in reading])
+    deadline = time.monotonic() + client.options.request_timeout_s
+    while reading and seen.exact is None and time.monotonic() < deadline:
+        for message in consumer.consume(num_messages=1000, timeout=0.2):
+            partition, error = message.partition(), message.error()
+            if partition not in reading:
+                continue
+            if error is not None or message.offset() + 1 >= reading[partition]:
+                reading.pop(partition)  # its window's end, the log's, or not ours to read
+            if error is None:
+                keys.take(
+                    (message.key() or b"").decode(errors="replace"), message.timestamp()[1], seen
+                )
+    consumer.unassign()
+    return seen
