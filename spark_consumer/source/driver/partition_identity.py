@@ -132,8 +132,6 @@ class PartitionIdentity:
             self._records_lost += data_loss.report(self.options, loss, log)
         still = self._still_going_back(data)  # found before, their start not answered yet
         self._going_back.update(again)
-        for key in again:
-            self.ends_seen.pop(key, None)  # the new log's ends are seen from its start
         return sorted([*again, *still])
 
     def control_went_back(self, control: dict[str, int], now: PlanAnswers) -> list[str]:
@@ -151,7 +149,6 @@ class PartitionIdentity:
             if verdict is Verdict.RECREATED or (answer.log_end or 0) < position
         ]
         for key in again:
-            self.ends_seen.pop(key, None)
             self.started_again(key)  # the control reader reads it from 0 at once
         return sorted(str(p) for _, p in again)
 
@@ -197,7 +194,8 @@ class PartitionIdentity:
                 epochs.pop(key, None)
                 self._said_low.discard(key)
             if verdict is Verdict.RECREATED:
-                self._unseen(now, key)  # its end may be the old log's (log_verdict.after)
+                self.ends_seen.pop(key, None)  # the new log is seen from its next answer
+                self._unseen(now, key)  # this one may be the old log's (log_verdict.after)
             elif end is not None:
                 self._keep(key, end, epoch, epochs.get(key))
         renamed &= judged  # (the data topics' and the control topic's are judged apart)
@@ -295,11 +293,11 @@ class PartitionIdentity:
         return kafka_evidence.topic_missing(described)
 
     def started_again(self, key: TopicPartitionKey) -> None:
-        """A partition that went back is read from its new start: the new log's epochs
-        count from here."""
+        """A partition that went back is read from its new start. What was seen of the
+        new log stays (``_judged``): a truncated log's newer epoch and end, so that the
+        deposed leader's answers from the old log are stale still; a re-created one's
+        nothing yet."""
         self._going_back.discard(key)
-        self.leader_epochs.pop(key, None)
-        self.seen.changed()
 
     def _stand_still(
         self, now: PlanAnswers, stale: dict[TopicPartitionKey, tuple[int, int]]
