@@ -140,11 +140,17 @@ class LowBroker(PlannerClient):
         self.epoch_ahead = epoch_ahead
         self.low = True
         self.lowered = 0
+        # After ``low``: the real ends, answered in the epoch ``epoch_ahead`` past the
+        # real one still (the new leader's, not the deposed one's).
+        self.stays_ahead = False
 
     def observe(self, planned: Collection[str]) -> PlanAnswers:
         now = super().observe(planned)
         if not self.low:
-            return now
+            if not self.stays_ahead or self.key not in now.leader_epochs:
+                return now
+            ahead = now.leader_epochs[self.key] + self.epoch_ahead
+            return dataclasses.replace(now, leader_epochs={**now.leader_epochs, self.key: ahead})
         self.lowered += 1
         epochs = dict(now.leader_epochs)
         epochs[self.key] = now.leader_epochs[self.key] + self.epoch_ahead

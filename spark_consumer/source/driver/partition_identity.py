@@ -68,16 +68,18 @@ class PartitionIdentity:
         self._missing: dict[TopicPartitionKey, kafka_evidence.MissingAnswers] = {}
         # Records lost (failOnDataLoss=false) since ``take_records_lost``.
         self._records_lost = 0
-        # The control topic's ends at the last plan (``to_ask``).
+        # The control topic's ends at the last plan that identified it (``to_ask``).
         self._control_seen: dict[str, int] = {}
 
-    def kept(self) -> dict[str, Any]:
-        """What the offset keeps of it (``seen_in``): the topic ids and leader epochs."""
-        return self.seen.encode()
+    def kept(self, planned: Offsets) -> dict[str, Any]:
+        """What the offset keeps of it: the topic ids and leader epochs (``seen_in``),
+        and what a restart must judge as this query would (``_kept_beyond``)."""
+        return {**self.seen.encode(), **_kept_beyond(self._going_back, self.ends_seen, planned)}
 
     def remember(self, kafka: Mapping[str, Any], positions: Mapping[str, Any]) -> None:
         """A restart's first plan takes what its checkpoint's offset kept (``kept``)."""
         self.seen.remember(kafka, positions)
+        _remember_beyond(kafka, self.ends_seen, self._going_back)
 
     def learn(self, now: PlanAnswers) -> None:
         """A topic first seen: its id, from the plan's DescribeTopics (rule 6). An id
@@ -86,6 +88,27 @@ class PartitionIdentity:
         if unknown:
             self.topic_ids.update(unknown)
             self.seen.changed()
+
+    def identify(
+        self,
+        now: PlanAnswers,
+        planned: Mapping[TopicPartitionKey, int],
+        topic_ids: Callable[[list[str]], dict[str, str]],
+    ) -> None:
+        """The ids of the topics ``to_ask`` names, into ``now`` (a plan that is not
+        idle). One asked and not answered (no answer in time, a broker behind on
+        metadata) is not known to be the same log: its partitions stand still this plan,
+        as a stale answer's do (issue 41's review: judged the same, a topic re-created
+        longer was read from the old position)."""
+        asked = self.to_ask(now, planned)
+        if asked:
+            now.topic_ids.update(topic_ids(asked))
+        self.learn(now)
+        unanswered = set(asked) - now.topic_ids.keys()
+        for key in [k for k in now.latest if k[0] in unanswered]:
+            self._unseen(now, key)
+        if self.options.control_topic not in unanswered:
+            self._control_seen = dict(now.control_ends)
 
     def to_ask(self, now: PlanAnswers, planned: Mapping[TopicPartitionKey, int]) -> list[str]:
         """The topics whose id this plan asks (rule 6): those whose id is not known yet,
@@ -98,8 +121,7 @@ class PartitionIdentity:
         listed = {*now.counts, *([control] if control and now.control_ends else [])}
         changed = {topic for (topic, _), _ in now.latest.items() - planned.items()}
         if control in changed and now.control_ends.items() <= self._control_seen.items():
-            changed.discard(control)  # the control topic's ends as last read: unchanged
-        self._control_seen = dict(now.control_ends)
+            changed.discard(control)  # the control topic's ends as last identified
         return sorted(t for t in listed if t in changed or t not in self.topic_ids)
 
     def take_records_lost(self) -> int:
@@ -194,7 +216,8 @@ class PartitionIdentity:
                 epochs.pop(key, None)
                 self._said_low.discard(key)
             if verdict is Verdict.RECREATED:
-                self.ends_seen.pop(key, None)  # the new log is seen from its next answer
+                if not _past_count(key, now, self.options.control_topic):
+                    self.ends_seen.pop(key, None)  # (one past it vanishes: ``vanished``)
                 self._unseen(now, key)  # this one may be the old log's (log_verdict.after)
             elif end is not None:
                 self._keep(key, end, epoch, epochs.get(key))
@@ -321,3 +344,52 @@ class PartitionIdentity:
                 self.leader_epochs.get(key, "unknown"),
             )
             self._said_low.add(key)
+
+
+def _kept_beyond(
+    going_back: set[TopicPartitionKey],
+    ends_seen: Mapping[TopicPartitionKey, int],
+    planned: Offsets,
+) -> dict[str, Any]:
+    """Beyond ids and epochs, what a restart must know to judge as this query would: the
+    partitions found on a new log and not read again from their start yet (their
+    earliest offset not answered; the offset keeps the new id, so a restart would read
+    the new log from the old positions), and the log ends seen past the ends
+    ``planned`` (a backlog's: a topic deleted while the query is down takes them, and
+    the restart counts them lost as the query before it would have)."""
+    kept: dict[str, Any] = {}
+    if going_back:
+        again: dict[str, list[int]] = {}
+        for topic, partition in sorted(going_back):
+            again.setdefault(topic, []).append(partition)
+        kept["again"] = again
+    ahead: dict[str, dict[str, int]] = {}
+    for (topic, partition), end in ends_seen.items():
+        at = planned.get(topic, {}).get(str(partition))
+        if at is not None and end > at:
+            ahead.setdefault(topic, {})[str(partition)] = end
+    if ahead:
+        kept["ends"] = ahead
+    return kept
+
+
+def _remember_beyond(
+    kafka: Mapping[str, Any],
+    ends_seen: dict[TopicPartitionKey, int],
+    going_back: set[TopicPartitionKey],
+) -> None:
+    """What ``_kept_beyond`` kept, taken back at a restart (unreadable: left out, said)."""
+    try:
+        for topic, ends in (kafka.get("ends") or {}).items():
+            for partition, end in ends.items():
+                ends_seen.setdefault((str(topic), int(partition)), int(end))
+        for topic, partitions in (kafka.get("again") or {}).items():
+            going_back.update((str(topic), int(p)) for p in partitions)
+    except (AttributeError, TypeError, ValueError) as error:
+        log.warning("the offset's log ends seen are unreadable, left out: %s", error)
+
+
+def _past_count(key: TopicPartitionKey, now: PlanAnswers, control: str | None) -> bool:
+    """A data partition past its re-created topic's count: it vanishes, and what was
+    seen of it is counted lost then (``vanished``)."""
+    return key[0] != control and key[1] >= now.counts.get(key[0], 0)

@@ -56,11 +56,11 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
         latestOffset(start, limit)
           1. look at Kafka               kafka.observe (planner_client): partitions, log
-                                         ends, control ends; the ids of topics whose
-                                         ends changed; identity.learn: new topic ids
+                                         ends, control ends
           2. collect progress            progress.collect: what the last batch read
-          3. follow partitions           topic_partitions.follow: new ones join, went back
-                                         (identity.went_back, partition_identity.py)
+          3. follow partitions           identity.identify: the ids of topics whose ends
+                                         changed; topic_partitions.follow: new ones join,
+                                         went back (identity.went_back)
           4. read markers                control.read: from the control topic, up to its ends
           5. align                       aligner.advance: progress and markers into the valve;
                                          topic_partitions.drop_vanished: deleted ones FINISH
@@ -169,15 +169,15 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         plan = self._restore(start)
         # 2. The previous batch's progress; its end offsets are now the read positions.
         batch, start_batch_id = self.progress.collect(start, plan, now)
-        # 3. Partitions that appeared join as channels (with the markers held for them),
-        #    and partitions whose offsets went back follow failOnDataLoss: before the
-        #    markers, so that a marker for a partition that just appeared applies now.
+        # 3. New partitions join as channels (with their held markers), new logs follow
+        #    failOnDataLoss: before the markers, which may be for a partition just joined.
+        self.identity.identify(now, start.ends_by_key, self.kafka.topic_ids)
         topic_partitions.follow(
             plan, now, batch, self.kafka, identity=self.identity, joining=run_view.counts
         )
         self.control.release_held(plan)
         # 4. New markers are read up to the ends seen in step 1.
-        self.control.read(plan, now, run_view.control_ends)
+        self.control.read(plan, now, self.run.capped(now).control_ends)  # (judged in 3)
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
         #    counts wall time between plans that saw the broker, not for partitions
@@ -204,7 +204,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             data=ends,
             max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
             tasks=self.options.tasks_for(records_between(plan.data, ends)),
-            kafka=self.identity.kept(),
+            kafka=self.identity.kept(ends),
             planned_with={**self._planned_with, **self.run.kept()},
         )
         if same_batch(start, offset) and not self.run.owes_eviction(start):
@@ -275,11 +275,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         would end the run with its records unread."""
         while True:
             try:
-                now = self.kafka.observe(start.data.keys())
-                asked = self.identity.to_ask(now, start.ends_by_key)
-                now.topic_ids.update(self.kafka.topic_ids(asked) if asked else {})
-                self.identity.learn(now)  # a topic first seen: its id (rule 6)
-                return now
+                return self.kafka.observe(start.data.keys())
             except KafkaException as error:
                 self.kafka.unreachable(error)
                 self._blind = True

@@ -398,19 +398,27 @@ def find_old_readers(offset: SourceOffset, options: SourceOptions) -> OldReaders
                 try:
                     partitions = sorted(listed[topic].partitions)
                     seen = _read_around(client, consumer, (topic, partitions), offset, keys)
-                except SourceError as error:  # its offsets refused, or not to be had
-                    log.info("passed over %s: %s", topic, error)
+                except (SourceError, KafkaException) as error:  # refused, or no answer:
+                    log.info("passed over %s: %s", topic, error)  # (never the whole scan)
                     continue
                 if seen.seen:
-                    named = topic.removesuffix(".progress")
-                    control = named if named != topic and named in listed else None
-                    return OldReaders(topic, seen.exact or seen.newest[1], control)
+                    return OldReaders(
+                        topic, seen.exact or seen.newest[1], _named(topic, listed, options)
+                    )
             return OldReaders()
         except KafkaException as error:
             client.unreachable(error)  # said; a failed authentication ends the query
             time.sleep(1.0)
         finally:
             consumer.close()
+
+
+def _named(topic: str, listed: Any, options: SourceOptions) -> str | None:
+    """The control topic a progress topic is named after (``<it>.progress``), unless
+    <it> is a data topic (a progressTopic given by hand after it, not a control's)."""
+    named = topic.removesuffix(".progress")
+    data = options.subscribes(named)
+    return named if named != topic and named in listed and not data else None
 
 
 @dataclass
