@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
 )
 
+from slackwater import kafka_evidence
 from slackwater.markers import TOPIC_NAME_PATTERN
 from slackwater.settings import DurationMs, KafkaSettings
 
@@ -51,9 +52,10 @@ class EmitterConfig(KafkaSettings):
     metrics_per_partition: bool = True
     # kafka_config, kafka_config_file: KafkaSettings'.
     emitter_id: str = Field(default_factory=_default_emitter_id, min_length=1)
-    # A topic missing from this many successful metadata polls in a row counts
-    # as deleted (its partitions become FINISHED); one glitch must not finish a topic.
-    deleted_topic_polls: int = Field(default=3, ge=1)
+    # A topic missing from this many successful metadata polls in a row counts as
+    # deleted (its partitions become FINISHED): kafka_evidence rule 2's count at least
+    # (told twice in a row), more only for a cluster whose metadata lags further.
+    deleted_topic_polls: int = kafka_evidence.TOLD_IN_A_ROW
     request_timeout_ms: DurationMs = 5_000
     # Topic metadata (partitions added, topics deleted) is re-read this often, at
     # every poll while a watched topic is missing, and after a leader moved.
@@ -77,6 +79,16 @@ class EmitterConfig(KafkaSettings):
         if topic in info.data.get("topics", []):
             raise ValueError("the control topic must not be one of the watched topics")
         return topic
+
+    @field_validator("deleted_topic_polls")
+    @classmethod
+    def _told_in_a_row(cls, polls: int) -> int:
+        if polls < kafka_evidence.TOLD_IN_A_ROW:
+            raise ValueError(
+                f"at least {kafka_evidence.TOLD_IN_A_ROW}: a topic is believed deleted only "
+                f"when told so {kafka_evidence.TOLD_IN_A_ROW} times in a row, got {polls}"
+            )
+        return polls
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -18,6 +18,20 @@ Per partition, the idle clock runs only between two successful observations:
 
 An unreachable broker therefore never produces a transition.
 
+A new log under a partition (its topic re-created, or its log truncated: the observer's
+verdict, slackwater.log_verdict) is another log: nothing known of the old one carries
+over. An IDLE partition goes ACTIVE where the new log's new data starts (0 for a
+re-created topic; the new end, or the IDLE's offset if lower, for a truncated log), at
+its first answer on the new log, and every partition's clock, log end and highest end
+start again from that answer. A re-created topic's answer of the poll that finds it is
+not taken (it may be the old log's: known_ends.py), so its partitions go ACTIVE a poll
+later:
+
+    poll      ok        ok        re-created     ok (150 records)   ...idle_timeout...
+    log end   100       100       (not taken)    150                150
+    status    IDLE@100  IDLE      IDLE           ACTIVE@0           IDLE@150
+                                                 (topic_recreated)
+
 Work per poll follows what changed (issue 15): a partition is looked at when its log
 end differs from the previous observation's, when it comes back after a gap, when
 its idle deadline passes (a heap of deadlines), or when a proposal or a control
@@ -32,6 +46,8 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from emitter.known_ends import NO_NEW_LOG, NewLogs
+from slackwater import kafka_evidence
 from slackwater.markers import Marker, MarkerStatus, TopicPartitionKey
 
 # Partitions held aside at most (markers for partitions the broker does not list); more
@@ -51,7 +67,8 @@ class Observation:
     ``topics`` maps every watched topic that metadata showed to its partition
     count; ``None`` when the metadata request failed. ``unseen_topics``: watched topics
     it did not show though the broker did not say they are not there (refused by an
-    ACL, or not answered): neither present nor deleted.
+    ACL, or not answered): neither present nor deleted. ``new_logs``: the partitions and
+    topics the observer found on a new log this poll (truncated, re-created).
     """
 
     monotonic_s: float
@@ -59,6 +76,7 @@ class Observation:
     log_end_offsets: Mapping[TopicPartitionKey, int]
     topics: Mapping[str, int] | None
     unseen_topics: frozenset[str] = frozenset()
+    new_logs: NewLogs = NO_NEW_LOG
 
 
 class Reason(enum.StrEnum):
@@ -68,6 +86,8 @@ class Reason(enum.StrEnum):
     LOG_END_MOVED = "log_end_moved"
     FINISH_REQUESTED = "finish_requested"
     TOPIC_DELETED = "topic_deleted"
+    TOPIC_RECREATED = "topic_recreated"
+    LOG_TRUNCATED = "log_truncated"
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,10 @@ class PartitionState:
     last_marker: Marker | None = None
     # The idle deadline this partition has in the detector's heap, if any.
     deadline_s: float | None = None
+    # Found IDLE on a log that is gone (re-created, truncated): the ACTIVE marker that
+    # withdraws that IDLE (where the new log's new data starts, and why), proposed
+    # until a marker is published.
+    new_log: tuple[int, Reason] | None = None
     clock: Clock = field(default_factory=Clock, repr=False, compare=False)
 
     @property
@@ -124,7 +148,9 @@ class Detector:
     """Turns observations into IDLE / ACTIVE / FINISHED proposals per partition."""
 
     idle_timeout_s: float
-    deleted_topic_polls: int = 3
+    # Metadata polls in a row that must confirm a topic gone (kafka_evidence rule 2: at
+    # least TOLD_IN_A_ROW; more only delays FINISHED).
+    deleted_topic_polls: int = kafka_evidence.TOLD_IN_A_ROW
     partitions: dict[TopicPartitionKey, PartitionState] = field(default_factory=dict)
     # Successful metadata polls in a row that did not show a topic we had seen.
     _absent_polls: dict[str, int] = field(default_factory=dict)
@@ -142,6 +168,14 @@ class Detector:
     # (idle deadline, partition) of ACTIVE partitions in an unbroken run.
     _deadlines: list[tuple[float, TopicPartitionKey]] = field(default_factory=list)
     _clock: Clock = field(default_factory=Clock)
+
+    def __post_init__(self) -> None:
+        if self.deleted_topic_polls < kafka_evidence.TOLD_IN_A_ROW:
+            raise ValueError(
+                f"deleted_topic_polls must be at least {kafka_evidence.TOLD_IN_A_ROW} (a "
+                f"topic is believed deleted only when told so {kafka_evidence.TOLD_IN_A_ROW} "
+                f"times in a row), got {self.deleted_topic_polls}"
+            )
 
     def _state(self, key: TopicPartitionKey) -> PartitionState:
         state = self.partitions.get(key)
@@ -179,6 +213,8 @@ class Detector:
             )
         self._stop_unobserved_clocks(log_ends)
         self._clock.now_s = observation.monotonic_s
+        if observation.new_logs is not NO_NEW_LOG:
+            self._recheck |= _seen_afresh(self.partitions, observation.new_logs, log_ends)
         proposals += self._decide_all(self._to_decide(log_ends), log_ends)
         self._observed = dict(log_ends)
         return proposals
@@ -275,6 +311,9 @@ class Detector:
                 topic, partition, MarkerStatus.FINISHED, log_end, Reason.FINISH_REQUESTED
             )
         if state.status is MarkerStatus.IDLE:
+            if state.new_log is not None:  # an IDLE of a log that is gone: withdrawn
+                offset, reason = state.new_log
+                return Proposal(topic, partition, MarkerStatus.ACTIVE, offset, reason)
             if state.idle_offset is not None and log_end != state.idle_offset:
                 # IDLE -> ACTIVE when the log end moves: ACTIVE@previous_log_end.
                 offset = min(state.idle_offset, log_end)
@@ -362,6 +401,7 @@ class Detector:
         state.status = marker.status
         state.seq = marker.seq + 1
         state.last_marker = marker
+        state.new_log = None  # a marker published since: the old log's IDLE is past
         # Only an IDLE partition has an idle offset: the ACTIVE that ends it aligns there.
         state.idle_offset = marker.offset if marker.status is MarkerStatus.IDLE else None
         return state
@@ -377,3 +417,33 @@ class Detector:
         elif marker.status is MarkerStatus.FINISHED:
             state.finish_requested = False
             state.still_closed_s, state.run_started_s = state.still_s, None  # clock stops
+
+
+def _seen_afresh(
+    partitions: Mapping[TopicPartitionKey, PartitionState],
+    new_logs: NewLogs,
+    log_ends: Mapping[TopicPartitionKey, int],
+) -> set[TopicPartitionKey]:
+    """A new log under these partitions: their log end, highest end and clock start
+    again from the new log's first answer (FINISHED stays: it is terminal), and an IDLE
+    one goes ACTIVE where the new log's new data starts. Returns those to decide."""
+    keys = set(new_logs.truncated)
+    if new_logs.recreated:
+        keys |= {key for key in partitions if key[0] in new_logs.recreated}
+    renewed: set[TopicPartitionKey] = set()
+    for key in keys:
+        state = partitions.get(key)
+        if state is None or state.status is MarkerStatus.FINISHED:
+            continue
+        if state.status is MarkerStatus.IDLE:
+            if key[0] in new_logs.recreated:
+                state.new_log = (0, Reason.TOPIC_RECREATED)  # all of the new log is new
+            else:  # truncated: an answered end, and the records below it still stand
+                end = log_ends[key]
+                if state.idle_offset is not None:
+                    end = min(end, state.idle_offset)
+                state.new_log = (end, Reason.LOG_TRUNCATED)
+        state.log_end_offset = state.max_log_end_offset = None
+        state.still_closed_s, state.run_started_s = 0.0, None
+        renewed.add(key)
+    return renewed

@@ -113,8 +113,9 @@ class LogEndTimelines:
 
 
 def lag_offsets(log_end_offset: int, committed_offset: int | None) -> int | None:
-    """Records the group has not consumed yet (None when it never committed)."""
-    if committed_offset is None or committed_offset < 0:
+    """Records the group has not consumed yet (None when it never committed, or its
+    offset is none Kafka gave: rule 5)."""
+    if committed_offset is None or not kafka_evidence.known_offset(committed_offset):
         return None
     return max(0, log_end_offset - committed_offset)
 

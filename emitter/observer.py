@@ -3,8 +3,11 @@
 One round of requests per poll, never one request per partition (semantics.md §4): topic
 metadata (every metadata interval, and after a leader moved), ListOffsets(latest) for the
 watched partitions and, with a group, its committed offsets, in batches of 250, and the
-group's members' assignment. A failed request leaves its part of the
-:class:`PollAnswers` empty; it never invents values.
+group's members' assignment; then, only where the log ends call for it, one
+DescribeTopics for topic ids. A failed request leaves its part of the
+:class:`PollAnswers` empty; it never invents values. The log ends are judged against
+what was seen before by ``slackwater.log_verdict`` (known_ends.py): a stale one is left
+out, a new log is said.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from emitter.known_ends import KnownEnds
+from emitter.known_ends import NO_NEW_LOG, KnownEnds, NewLogs
 from slackwater import kafka_clients, kafka_evidence, kafka_logging, list_offsets
 from slackwater.list_offsets import LEADER_MOVED
 from slackwater.markers import TopicPartitionKey
@@ -56,6 +59,8 @@ class PollAnswers:
     committed_offsets: dict[TopicPartitionKey, int] | None = None
     assignment: dict[str, list[TopicPartitionKey]] | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    # Partitions and topics whose log this poll found new (truncated, re-created).
+    new_logs: NewLogs = NO_NEW_LOG
 
 
 class BrokerObserver:
@@ -63,7 +68,8 @@ class BrokerObserver:
 
     ListOffsets and the group's committed offsets go out in batches of
     ``batch_partitions`` (built once per metadata), all submitted before any is awaited,
-    together with the group's description: one round of requests per poll.
+    together with the group's description: one round of requests per poll, and a second
+    (one DescribeTopics) only when the log ends call for topic ids (``_judge``).
     (librdkafka's CPU per partition grows with the size of one request: at 10,000
     partitions, batches of 250 cost 59 ms of CPU per poll, of 1,000 109 ms;
     bench/emitter_requests_bench.py, docs/performance.md.)
@@ -96,10 +102,8 @@ class BrokerObserver:
         self._leaders_moved = False
         self._latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         self._batches: list[_Batch] = []  # of the partition counts above
-        # A lower log end is believed only on Kafka's evidence (known_ends.py).
-        self._known = KnownEnds(
-            lambda names: kafka_clients.topic_ids(self._admin, names, self._timeout_s)
-        )
+        # Log ends are judged against what was seen before (known_ends.py).
+        self._known = KnownEnds()
 
     def observe(self, topics: Iterable[str], group: str | None) -> PollAnswers:
         """One poll's round of requests; see the module docstring."""
@@ -117,14 +121,44 @@ class BrokerObserver:
         described: dict[str, Future[Any]] | None = None
         if group is not None:
             committed_pending, described = self._submit_group(group, batches, answers.errors)
-        answers.log_end_offsets = self._collect_log_ends(offsets_pending, answers.errors)
-        answers.reachable = answers.reachable or bool(answers.log_end_offsets)
+        log_ends, epochs = self._collect_log_ends(offsets_pending, answers.errors)
+        answers.reachable = answers.reachable or bool(log_ends)
+        answers.new_logs = self._judge(log_ends, epochs, answers.errors)
+        answers.log_end_offsets = log_ends
         if group is not None:
             answers.committed_offsets = self._collect_committed(
                 group, committed_pending, answers.errors
             )
             answers.assignment = self._collect_assignment(group, described, answers.errors)
         return answers
+
+    def _judge(
+        self,
+        log_ends: dict[TopicPartitionKey, int],
+        epochs: Mapping[TopicPartitionKey, int],
+        errors: dict[str, str],
+    ) -> NewLogs:
+        """The log ends judged (known_ends.py), ``log_ends`` left with those taken. The
+        ids asked first, after the log ends (they say which): one DescribeTopics for the
+        topics not known yet and those with an answer other than what was seen; a
+        quiet poll asks none."""
+        changed = self._known.changed(log_ends, epochs)
+        asked = self._known.to_ask(self._partition_counts or (), changed)
+        topic_ids: dict[str, str] = {}
+        if asked:
+            pending = self._submit(
+                "describe_topics",
+                errors,
+                kafka_clients.TopicIds,
+                self._admin,
+                asked,
+                self._timeout_s,
+            )
+            topic_ids = pending.result() if pending is not None else {}
+            if len(topic_ids) < len(asked):  # their changed log ends wait (known_ends.py)
+                unanswered = ", ".join(t for t in asked if t not in topic_ids)
+                errors.setdefault("describe_topics", f"no topic id answered for {unanswered}")
+        return self._known.believed(log_ends, epochs, changed, asked, topic_ids)
 
     def _read_metadata(self, answers: PollAnswers, watched: list[str]) -> bool:
         """Refreshes topics, partition counts and leaders when they are due: every
@@ -151,7 +185,6 @@ class BrokerObserver:
             if counts != self._partition_counts:
                 self._batches = self._batches_of(counts)
             self._partition_counts, self._metadata_at_s = counts, self._monotonic_s()
-            self._known.learn_topics(counts)
             answers.topics, answers.reachable = counts, True
             answers.unseen_topics = self._unseen(metadata, watched, answers.errors)
         return True
@@ -231,7 +264,8 @@ class BrokerObserver:
 
     def _collect_log_ends(
         self, pending: list[Future[Any] | None], errors: dict[str, str]
-    ) -> dict[TopicPartitionKey, int]:
+    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, int]]:
+        """The log ends answered, and the leader epochs they were answered in."""
         offsets: dict[TopicPartitionKey, int] = {}
         epochs: dict[TopicPartitionKey, int] = {}
         failures = 0
@@ -255,7 +289,7 @@ class BrokerObserver:
                     offsets[key] = result
         if failures:
             log.warning("log end offsets of %d partitions could not be read", failures)
-        return self._known.believed(offsets, epochs)
+        return offsets, epochs
 
     def _collect_committed(
         self, group: str, pending: list[dict[str, Future[Any]] | None], errors: dict[str, str]
@@ -273,7 +307,7 @@ class BrokerObserver:
             committed.update(
                 ((tp.topic, tp.partition), tp.offset)
                 for tp in result.topic_partitions
-                if tp.offset >= 0 and tp.error is None
+                if tp.error is None and kafka_evidence.known_offset(tp.offset)
             )
         return committed
 

@@ -169,6 +169,7 @@ class Emitter:
             log_end_offsets=answers.log_end_offsets,
             topics=answers.topics,
             unseen_topics=answers.unseen_topics,
+            new_logs=answers.new_logs,
         )
         with self._lock:
             missing_before = set(self.detector.missing_topics)

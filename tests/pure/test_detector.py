@@ -6,12 +6,20 @@ is proposed.
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emitter.config import EmitterConfig
 from emitter.detector import Detector, Observation, Proposal, Reason
+from emitter.known_ends import NewLogs
+from slackwater import kafka_evidence
 from slackwater.markers import Marker, MarkerStatus
-from tests.harness.factories import marker
+from slackwater.settings import ConfigError, load_config
+from tests.harness.factories import marker, run_cli
 
 ACTIVE, IDLE, FINISHED = MarkerStatus.ACTIVE, MarkerStatus.IDLE, MarkerStatus.FINISHED
 T = "orders"
@@ -157,7 +165,7 @@ def test_deleted_topic_finishes_its_partitions_after_consecutive_absent_polls() 
 
 
 def test_failed_metadata_never_counts_as_deletion() -> None:
-    detector = Detector(idle_timeout_s=100, deleted_topic_polls=1)
+    detector = Detector(idle_timeout_s=100)
     run(detector, obs(0, {0: 3}))
     for at in range(1, 5):
         assert detector.observe(Observation(at, at * 1000, {}, None), [T]) == []
@@ -166,7 +174,7 @@ def test_failed_metadata_never_counts_as_deletion() -> None:
 def test_a_topic_the_broker_would_not_describe_is_neither_present_nor_deleted() -> None:
     """An ACL taken away hides a topic from metadata as a deletion would: only a topic
     the broker says is not there counts towards deletion (FINISHED is for good)."""
-    detector = Detector(idle_timeout_s=3, deleted_topic_polls=1)
+    detector = Detector(idle_timeout_s=3)
     run(detector, obs(0, {0: 3}))
     unseen = frozenset({T})
     for at in range(1, 10):  # past the idle timeout, many times the deletion count
@@ -292,10 +300,11 @@ def test_markers_alternate_and_are_true_of_the_log(
 
 
 def test_deleted_topic_finishes_at_the_highest_log_end_seen() -> None:
-    detector = Detector(idle_timeout_s=100, deleted_topic_polls=1)
+    detector = Detector(idle_timeout_s=100)
     run(detector, obs(0, {0: 30}))
     run(detector, obs(1, {0: 0}, topics={T: 1}))  # answered for a new incarnation, say
-    assert run(detector, obs(2, {}, topics={})) == [P(0, FINISHED, 30, Reason.TOPIC_DELETED)]
+    assert run(detector, obs(2, {}, topics={})) == []
+    assert run(detector, obs(3, {}, topics={})) == [P(0, FINISHED, 30, Reason.TOPIC_DELETED)]
 
 
 def test_a_marker_for_a_partition_the_broker_does_not_list_is_held_not_marked() -> None:
@@ -453,3 +462,151 @@ def test_a_marker_published_or_restored_leaves_the_same_status_seq_and_idle_offs
         again.idle_offset,
     )
     assert last.idle_offset == (offset if status is IDLE else None)
+
+
+# A new log under a partition (issue 41): the observer's verdict (known_ends.py,
+# slackwater.log_verdict) reaches the detector as Observation.new_logs.
+
+
+def new_log(
+    at_s: float,
+    offsets: dict[int, int],
+    *,
+    recreated: bool = False,
+    truncated: frozenset[int] = frozenset(),
+    topics: dict[str, int] | None = None,
+) -> Observation:
+    """An observation whose poll found ``T`` re-created, or partitions truncated."""
+    logs = NewLogs(frozenset((T, p) for p in truncated), frozenset({T} if recreated else ()))
+    return dataclasses.replace(obs(at_s, offsets, topics), new_logs=logs)
+
+
+def _idle_at(offset: int, partitions: int = 1) -> Detector:
+    """A detector whose partitions are IDLE@offset (idle timeout 3 s), at time 3."""
+    detector = Detector(idle_timeout_s=3)
+    run(detector, obs(0, dict.fromkeys(range(partitions), offset)))
+    idle = [P(p, IDLE, offset, Reason.IDLE_TIMEOUT) for p in range(partitions)]
+    assert run(detector, obs(3, dict.fromkeys(range(partitions), offset))) == idle
+    return detector
+
+
+def test_a_topic_recreated_past_the_old_end_withdraws_the_old_logs_idle() -> None:
+    """Re-created with more records than before: IDLE@100 was of the old log. The poll
+    that finds it re-created takes no answer of it (known_ends.py: it may be the old
+    log's); at its first answer on the new log, ACTIVE@0 (all of the new log is new
+    data), then IDLE at the new log's end after a whole idle timeout from that answer."""
+    detector = _idle_at(100)
+    assert run(detector, new_log(4, {}, recreated=True, topics={T: 1})) == []
+    assert run(detector, obs(5, {0: 150})) == [P(0, ACTIVE, 0, Reason.TOPIC_RECREATED)]
+    assert run(detector, obs(7, {0: 150})) == []
+    assert run(detector, obs(8, {0: 150})) == [P(0, IDLE, 150, Reason.IDLE_TIMEOUT)]
+
+
+def test_a_topic_recreated_at_the_old_end_still_withdraws_the_idle() -> None:
+    """The same end in another log is not the same log (before issue 41: no marker, and
+    the old IDLE@100 stood for records 0..99 of the new log)."""
+    detector = _idle_at(100)
+    assert run(detector, new_log(4, {}, recreated=True, topics={T: 1})) == []
+    assert run(detector, obs(5, {0: 100})) == [P(0, ACTIVE, 0, Reason.TOPIC_RECREATED)]
+    assert run(detector, obs(8, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_the_detector_takes_a_recreated_topics_answer_in_the_same_poll_too() -> None:
+    """Should an observation carry the answer with the news (the observer's does not),
+    the withdrawal is proposed at once."""
+    detector = _idle_at(100)
+    assert run(detector, new_log(4, {0: 150}, recreated=True)) == [
+        P(0, ACTIVE, 0, Reason.TOPIC_RECREATED)
+    ]
+    assert run(detector, obs(7, {0: 150})) == [P(0, IDLE, 150, Reason.IDLE_TIMEOUT)]
+
+
+def test_the_withdrawal_waits_for_the_partition_and_its_delivery() -> None:
+    """A partition of the re-created topic is decided when it is next answered; an
+    ACTIVE not delivered is proposed again, and nothing else meanwhile."""
+    detector = _idle_at(100, partitions=2)
+    assert run(detector, new_log(4, {}, recreated=True, topics={T: 2})) == []
+    assert run(detector, obs(5, {0: 150})) == [P(0, ACTIVE, 0, Reason.TOPIC_RECREATED)]
+    withdrawn = P(1, ACTIVE, 0, Reason.TOPIC_RECREATED)
+    assert detector.observe(obs(6, {0: 150, 1: 100}), [T]) == [withdrawn]  # not delivered
+    assert run(detector, obs(7, {0: 150, 1: 100})) == [withdrawn]
+    assert detector.partitions[(T, 1)].new_log is None
+    assert run(detector, obs(8, {0: 150, 1: 100})) == [P(0, IDLE, 150, Reason.IDLE_TIMEOUT)]
+    assert run(detector, obs(9, {0: 150, 1: 100})) == []  # still from its ACTIVE, at 7
+    assert run(detector, obs(10, {0: 150, 1: 100})) == [P(1, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_an_active_partition_of_a_recreated_topic_starts_its_clock_again() -> None:
+    detector = Detector(idle_timeout_s=3)
+    run(detector, obs(0, {0: 100}))
+    assert run(detector, new_log(2, {}, recreated=True, topics={T: 1})) == []
+    assert run(detector, obs(3, {0: 100})) == []
+    assert run(detector, obs(5, {0: 100})) == []  # 5 s since the old log's 100, 2 of the new
+    assert run(detector, obs(6, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_a_recreated_topic_deleted_finishes_at_the_new_logs_end() -> None:
+    """The highest end seen is the new log's: FINISHED@30 would wait for an offset the
+    new log never had."""
+    detector = Detector(idle_timeout_s=100)
+    run(detector, obs(0, {0: 30}))
+    run(detector, new_log(1, {}, recreated=True, topics={T: 1}))
+    run(detector, obs(2, {0: 5}))
+    assert run(detector, obs(3, {}, topics={})) == []
+    assert run(detector, obs(4, {}, topics={})) == [P(0, FINISHED, 5, Reason.TOPIC_DELETED)]
+
+
+def test_a_truncated_log_withdraws_an_idle_where_its_new_data_starts() -> None:
+    """An unclean election cut the log from 100 to 90: new records come from 90."""
+    detector = _idle_at(100, partitions=2)
+    assert run(detector, new_log(4, {0: 90, 1: 100}, truncated=frozenset({0}))) == [
+        P(0, ACTIVE, 90, Reason.LOG_TRUNCATED)
+    ]
+    assert run(detector, obs(7, {0: 90, 1: 100})) == [P(0, IDLE, 90, Reason.IDLE_TIMEOUT)]
+
+
+def test_finished_stays_finished_on_a_new_log() -> None:
+    detector = Detector(idle_timeout_s=3)
+    detector.restore([_marker(0, FINISHED, 40)])
+    assert run(detector, new_log(0, {0: 70}, recreated=True)) == []
+    assert run(detector, new_log(9, {0: 10}, truncated=frozenset({0}))) == []
+    assert detector.partitions[(T, 0)].status is FINISHED
+
+
+def test_a_deleted_topic_needs_rule_2s_count_at_least() -> None:
+    """kafka_evidence rule 2: believed missing only when told so TOLD_IN_A_ROW times in
+    a row; more is allowed (a cluster whose metadata lags further), fewer is refused."""
+    assert Detector(idle_timeout_s=1).deleted_topic_polls == kafka_evidence.TOLD_IN_A_ROW
+    assert Detector(idle_timeout_s=1, deleted_topic_polls=5).deleted_topic_polls == 5
+    with pytest.raises(ValueError, match="deleted_topic_polls must be at least 2"):
+        Detector(idle_timeout_s=1, deleted_topic_polls=1)
+
+
+REQUIRED = {"bootstrap_servers": "localhost:9092", "topics": ["orders"], "control_topic": "c"}
+
+
+@pytest.mark.parametrize(("polls", "kept"), [(None, 2), (2, 2), (3, 3)])
+def test_the_deleted_topic_count_of_a_yaml_file_is_kept_or_defaults_to_rule_2(
+    tmp_path: Path, polls: int | None, kept: int
+) -> None:
+    """Files written before issue 41 (``deleted_topic_polls: 3``) keep working."""
+    settings = tmp_path / "emitter.yaml"
+    extra = "" if polls is None else f"deleted_topic_polls: {polls}\n"
+    settings.write_text("bootstrap_servers: a:1\ntopics: [orders]\ncontrol_topic: c\n" + extra)
+    assert load_config(EmitterConfig, {}, settings, {}).deleted_topic_polls == kept
+
+
+@pytest.mark.parametrize("polls", [0, 1])
+def test_a_deleted_topic_count_below_rule_2_is_refused_naming_the_field(polls: int) -> None:
+    with pytest.raises(ConfigError, match="invalid config field 'deleted_topic_polls': at least 2"):
+        load_config(EmitterConfig, {**REQUIRED, "deleted_topic_polls": polls}, environ={})
+
+
+def test_emit_refuses_a_yaml_count_below_rule_2_in_one_line(tmp_path: Path) -> None:
+    settings = tmp_path / "emitter.yaml"
+    settings.write_text("bootstrap_servers: localhost:9092\ntopics: [orders]\n"
+                        "control_topic: ctl\ndeleted_topic_polls: 1\n")  # fmt: skip
+    result = run_cli("emit", "--config", str(settings))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "invalid config field 'deleted_topic_polls': at least 2" in result.stderr

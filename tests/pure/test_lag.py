@@ -23,6 +23,22 @@ def test_lag_offsets() -> None:
     assert lag_offsets(130, None) is None
 
 
+@pytest.mark.parametrize("sentinel", [-1, -2, -1001])
+def test_a_committed_offset_kafka_did_not_give_has_no_lag(sentinel: int) -> None:
+    """kafka_evidence rule 5 (known_offset): -1 (nothing committed), -1001 (librdkafka's
+    "invalid") are no offsets: no lag, rather than the whole log end."""
+    assert lag_offsets(130, sentinel) is None
+    assert lag_offsets(130, 0) == 130
+
+
+def test_lag_judges_a_committed_offset_by_rule_5_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slackwater import kafka_evidence
+
+    monkeypatch.setattr(kafka_evidence, "known_offset", lambda offset: offset != 100)
+    assert lag_offsets(130, 100) is None
+    assert lag_offsets(130, -5) == 135
+
+
 def test_caught_up_group_has_zero_seconds() -> None:
     assert timeline((0, 100), (1_000, 130)).lag_seconds(130, 5_000) == 0.0
 

@@ -407,6 +407,118 @@ def test_each_kafka_judgment_is_written_once_on_the_ground_floor() -> None:
     assert not judged_elsewhere, sorted(judged_elsewhere)
 
 
+# Rule 5 (kafka_evidence.known_offset) and the one door of ListOffsets answers
+# (slackwater/list_offsets.py, which applies it): an offset is told from librdkafka's
+# logical ones (-1, -2, -1001) by kafka_evidence alone, never by a comparison written
+# where the offset is read (issue 41).
+SENTINEL_HOMES = {"kafka_evidence.py", "list_offsets.py"}
+LOGICAL_OFFSETS = {"OFFSET_INVALID", "OFFSET_END", "OFFSET_BEGINNING", "OFFSET_STORED"}
+# Names that hold an offset: any with "offset" in it, these, and *_end, *_start,
+# *_position (a partition's number or a leader's id is none of them).
+OFFSET_NAMES = {"log_end", "log_start", "position", "end", "start", "low", "high", "committed"}
+_FLIPPED = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE}
+
+
+def _holds_an_offset(node: ast.expr) -> bool:
+    while isinstance(node, ast.Subscript):
+        node = node.value  # offsets[key]
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    if not isinstance(name, str):
+        return False
+    name = name.lower().lstrip("_")
+    return (
+        "offset" in name or name in OFFSET_NAMES or name.endswith(("_end", "_start", "_position"))
+    )
+
+
+def _int_constant(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _int_constant(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
+def _a_sentinel_test(op: ast.cmpop, other: ast.expr) -> bool:
+    """``offset <op> other`` tells a logical offset from a real one: against a negative
+    constant (or a set of them, or a LOGICAL_OFFSETS name), or splitting at 0 (>= 0,
+    < 0). ``== 0`` or ``> 0`` asks of a real offset (an empty log, records deleted)."""
+    if isinstance(op, ast.In | ast.NotIn) and isinstance(other, ast.Tuple | ast.List | ast.Set):
+        return any(_a_sentinel_test(ast.Eq(), element) for element in other.elts)
+    if (getattr(other, "attr", None) or getattr(other, "id", None)) in LOGICAL_OFFSETS:
+        return True
+    value = _int_constant(other)
+    return value is not None and (value < 0 or (value == 0 and isinstance(op, ast.GtE | ast.Lt)))
+
+
+def offsets_judged_by_hand(path: Path) -> list[str]:
+    """Where a module tells an offset from a sentinel itself: a comparison of an offset
+    with one, or librdkafka's -1001; and (outside list_offsets.py) ListOffsets sent
+    without the door: ``<admin>.list_offsets`` or the binding's private method."""
+    found: list[ast.AST] = []
+    door = path.name in SENTINEL_HOMES
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, sides[:-1], sides[1:], strict=True):
+                flipped = _FLIPPED.get(type(op), type(op))()
+                if (_holds_an_offset(left) and _a_sentinel_test(op, right)) or (
+                    _holds_an_offset(right) and _a_sentinel_test(flipped, left)
+                ):
+                    found.append(node)
+        elif door:
+            continue
+        elif isinstance(node, ast.expr) and _int_constant(node) == -1001:
+            found.append(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            sent_by = ast.unparse(node.func.value).lower()
+            if node.func.attr == "list_offsets" and "admin" in sent_by:
+                found.append(node)
+        elif getattr(node, "id", None) == "_AdminClientImpl":
+            found.append(node)
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    by_line: dict[int, str] = {}  # the first finding of a line (a -1001 in a comparison)
+    for node in sorted(found, key=lambda n: (n.lineno, n.col_offset)):  # type: ignore[attr-defined]
+        by_line.setdefault(node.lineno, f"{name}:{node.lineno} {ast.unparse(node)}")  # type: ignore[attr-defined]
+    return list(by_line.values())
+
+
+def test_offsets_are_told_from_sentinels_by_kafka_evidence_alone() -> None:
+    found = [
+        line
+        for package in ("slackwater", "emitter", "spark_consumer")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "kafka_evidence.py"
+        for line in offsets_judged_by_hand(path)
+    ]
+    assert not found, found
+
+
+def test_the_sentinel_guard_finds_each_hand_written_judgment(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "ok = tp.offset >= 0\n"
+        "if committed_offset < 0: pass\n"
+        "x = 0 <= log_end\n"
+        "y = position == -1\n"
+        "z = end in (-1, -1001)\n"
+        "w = offsets[key] != OFFSET_INVALID\n"
+        "v = -1001\n"
+        "admin.list_offsets(request)\n"
+        "self._admin.list_offsets(request)\n"
+        "_AdminClientImpl.list_offsets\n"
+        # Not judgments: a real offset asked of, a partition, a leader, the door's
+        # wrapper, a logical offset passed as a request.
+        "a = log_end == 0 or log_start > 0 or tp.partition < 0 or p.leader >= 0\n"
+        "b = kafka.list_offsets(partitions, 'latest')\n"
+        "positions.setdefault(partition, OFFSET_BEGINNING)\n"
+    )
+    assert [line.split(" ", 1)[0] for line in offsets_judged_by_hand(module)] == [
+        f"m.py:{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    ]
+
+
 # The test of a module is found from its name: tests/<folder>/test_<module>.py. A module
 # whose behaviour is tested through another door (a subcommand, the face, a job) says
 # where here; a module added without either fails below.
@@ -429,6 +541,7 @@ TESTED_IN = {
     "spark_consumer/source/stream.py": ["spark/test_source.py", "spark/test_source_connect.py"],
     "spark_consumer/source/metrics.py": ["spark/test_source.py"],
     "spark_consumer/source/driver/plan_answers.py": ["pure/test_plan.py"],
+    "spark_consumer/source/driver/progress_topic.py": ["kafka/test_progress_collector.py"],
     "spark_consumer/source/executor/reader_clients.py": ["kafka/test_readers.py"],
     "spark_consumer/source/wire/offset_error.py": [
         "kafka/test_offset.py",

@@ -223,7 +223,7 @@ class Asked:
     """DescribeTopics as the planner asks it: what it was asked, what it answers."""
 
     def __init__(self, **ids: str) -> None:
-        self.ids, self.asked = dict(ids), []
+        self.ids, self.asked = dict(ids), list[list[str]]()
 
     def __call__(self, names: list[str]) -> dict[str, str]:
         self.asked.append(list(names))
@@ -238,13 +238,18 @@ def test_a_plan_asks_the_ids_of_topics_whose_answers_changed_or_are_not_known() 
     IDS.ids = {}  # only what identify asks is answered
     ask = Asked(t="a", c="x")
     planned = {("t", p): 100 for p in range(3)}
-    judge.identify(_view({**planned, ("c", 0): 7}, {}), planned, ask)
-    judge.identify(_view({**planned, ("c", 0): 7}, {}), planned, ask)  # idle: none
-    judge.identify(_view({**planned, ("t", 1): 101, ("c", 0): 7}, {}), planned, ask)
-    judge.identify(_view({**planned, ("c", 0): 8}, {}), planned, ask)
+
+    def plan(now: PlanAnswers) -> None:  # as a plan runs: identified, then judged
+        judge.identify(now, planned, ask)
+        judge.went_back(DATA, now)
+
+    plan(_view({**planned, ("c", 0): 7}, {}))  # t's ends first seen, c's too
+    plan(_view({**planned, ("c", 0): 7}, {}))  # idle: none
+    plan(_view({**planned, ("t", 1): 101, ("c", 0): 7}, {}))
+    plan(_view({**planned, ("t", 1): 101, ("c", 0): 8}, {}))  # (t[1] ahead of planned)
     judge.forget(("t", 0), last_of_topic=True)  # its id forgotten: asked again
-    judge.identify(_view({**planned, ("c", 0): 8}, {}), planned, ask)
-    assert ask.asked == [["c"], ["t"], ["c"], ["t"]]
+    plan(_view({**planned, ("c", 0): 8}, {}))
+    assert ask.asked == [["c", "t"], ["t"], ["c", "t"], ["t"]]
 
 
 def test_a_topic_whose_id_was_asked_and_not_answered_stands_still() -> None:

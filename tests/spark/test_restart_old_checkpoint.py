@@ -30,6 +30,7 @@ planner's warning there.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterator
@@ -93,12 +94,11 @@ def old_topics(broker: KafkaBroker, admin: AdminClient) -> str:
     ]
     for future in admin.create_topics(made).values():
         future.result(30)
-    for topic in made:
-        wait_until(
-            lambda t=topic: kafka_clients.all_partitions_led(admin, t.topic, t.num_partitions),
-            30,
-            f"{topic.topic}'s leaders",
+    for new in made:
+        led = functools.partial(
+            kafka_clients.all_partitions_led, admin, new.topic, new.num_partitions
         )
+        wait_until(led, 30, f"{new.topic}'s leaders")
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
     for topic, records in dumped.items():
         for record in records:
@@ -141,7 +141,7 @@ def jvm_stderr(spark: SparkSession, tmp_path: Path) -> Iterator[Path]:
     """A file that receives what the Python processes Spark starts during the test write
     to stderr (the JVM copies a process's stderr to its ``System.err`` of the time the
     process starts)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
+    jvm: Any = spark._jvm
     path = tmp_path / "stderr.txt"
     stream = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(str(path)), True)
     before = jvm.java.lang.System.err

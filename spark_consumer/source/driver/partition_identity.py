@@ -112,14 +112,20 @@ class PartitionIdentity:
 
     def to_ask(self, now: PlanAnswers, planned: Mapping[TopicPartitionKey, int]) -> list[str]:
         """The topics whose id this plan asks (rule 6): those whose id is not known yet,
-        and those with an answer other than the ends ``planned`` (the last batch's). A
+        and those with an answer other than the ends ``planned`` (the last batch's) or
+        than the end seen, or from another leader epoch than known. A
         topic re-created to the very ends planned shows no record to misread: its first
         new record makes an answer differ, and its id is asked in that plan, before any
         of the new log is planned. An idle plan asks nothing (a DescribeTopics is ~12 ms
         of CPU per 1,000 partitions)."""
         control = self.options.control_topic
         listed = {*now.counts, *([control] if control and now.control_ends else [])}
-        changed = {topic for (topic, _), _ in now.latest.items() - planned.items()}
+        answers = now.latest.items()  # (set differences, in C: a loop is 8 ms at 10,000)
+        changed = {
+            t for (t, _), _ in (answers - planned.items()) | (answers - self.ends_seen.items())
+        }
+        if now.leader_epochs:  # another leader's answer, as the emitter asks too
+            changed |= {t for (t, _), _ in now.leader_epochs.items() - self.leader_epochs.items()}
         if control in changed and now.control_ends.items() <= self._control_seen.items():
             changed.discard(control)  # the control topic's ends as last identified
         return sorted(t for t in listed if t in changed or t not in self.topic_ids)
@@ -330,20 +336,28 @@ class PartitionIdentity:
         for key in stale:
             self._unseen(now, key)
         for key, (end, seen_end) in sorted(stale.items()):
-            if key in self._said_low:
-                continue
-            log.warning(
-                "%s[%d]'s log end %d (leader epoch %s) is below the %d this query saw or "
-                "read to, or from an older leader epoch than %s, and Kafka gives no "
-                "evidence that it went back (the same topic id): a stale leader's answer; "
-                "it stands still",
-                *key,
-                end,
-                now.leader_epochs.get(key, "unknown"),
-                seen_end,
-                self.leader_epochs.get(key, "unknown"),
-            )
-            self._said_low.add(key)
+            if key not in self._said_low:
+                _say_stale(key, end, seen_end, now, self.leader_epochs)
+                self._said_low.add(key)
+
+
+def _say_stale(
+    key: TopicPartitionKey,
+    end: int,
+    seen_end: int,
+    now: PlanAnswers,
+    epochs: Mapping[TopicPartitionKey, int],
+) -> None:
+    log.warning(
+        "%s[%d]'s log end %d (leader epoch %s) is below the %d this query saw or read to, "
+        "or from an older leader epoch than %s, and Kafka gives no evidence that it went "
+        "back (the same topic id): a stale leader's answer; it stands still",
+        *key,
+        end,
+        now.leader_epochs.get(key, "unknown"),
+        seen_end,
+        epochs.get(key, "unknown"),
+    )
 
 
 def _kept_beyond(
