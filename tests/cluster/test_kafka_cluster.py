@@ -9,10 +9,11 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from slackwater.cli_types import ensure_port_free
@@ -41,6 +42,17 @@ def _write(bootstrap: str, topic: str, value: bytes, timeout_s: float) -> KafkaE
     return outcome[0]
 
 
+def _configs(admin: AdminClient, resource: ConfigResource) -> dict[str, Any] | None:
+    """The resource's configs, or None while the node asked does not know the topic."""
+    try:
+        configs: dict[str, Any] = admin.describe_configs([resource])[resource].result(30)
+    except KafkaException as error:
+        if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise
+        return None
+    return configs
+
+
 def test_three_nodes_replicate_every_topic_three_times_with_two_in_sync_needed(
     cluster: KafkaCluster,
 ) -> None:
@@ -50,7 +62,9 @@ def test_three_nodes_replicate_every_topic_three_times_with_two_in_sync_needed(
     partition = wait_until(lambda: described(admin, topic), 60, f"{topic} known to the node asked")
     assert sorted(partition.replicas) == [1, 2, 3]
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    config = admin.describe_configs([resource])[resource].result(30)
+    # DescribeConfigs may go to another node than the one that listed the topic, which
+    # may not know it yet (under load: UNKNOWN_TOPIC_OR_PART): asked until one does.
+    config = wait_until(lambda: _configs(admin, resource), 60, f"{topic}'s configs")
     assert config["min.insync.replicas"].value == "2"
     assert _write(cluster.bootstrap_servers, topic, b"one", timeout_s=30) is None
 

@@ -1,6 +1,5 @@
 """A restart with options changed since the checkpoint (docs/source.md, "Options on
-restart"; issue 31, finding 7). Each option is applied, refused with one line that names
-it, or kept from the checkpoint and logged; never the checkpoint's value in silence:
+restart"). Each is applied, refused in one line naming it, or kept and logged:
 
     maxOutOfOrderness       applied: every newest event time is judged by the new bound
     consumerIdleTimeout     applied (its clocks start again at a restart anyway)
@@ -30,6 +29,7 @@ is said in one line, with the safe choice made.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -289,11 +289,8 @@ def known_planned(
     offset: SourceOffset, options: SourceOptions, found: OldReaders
 ) -> tuple[dict[str, Any], list[str]]:
     """What an offset written before ``planned_with`` was planned with, as far as the
-    source can know: as ``planned_with`` would say it (compared as a new offset's is),
-    and one line for each option it cannot know whose change matters, with the choice
-    made. Options no offset of then could differ in are taken as they are now (a bounded
-    run came after ``planned_with``; ``watermarkDelay`` and ``startingOffsets`` act
-    the same whatever they were)."""
+    source can know (as ``planned_with`` says it), and one line for each option it
+    cannot know whose change matters, with the choice made; the others as now."""
     known = {**planned_with(options), **_read_subscription(offset, options)}
     known["endingOffsets"] = None
     guessed = []
@@ -380,18 +377,16 @@ _FIELD = "\x00"  # stands for the field in a key made to find the field
 
 
 def find_old_readers(offset: SourceOffset, options: SourceOptions) -> OldReaders:
-    """Where the records of the offset's query are: on the progress topic as the query
-    runs now, else on another topic named *.progress (the source's default names); the
-    broker is asked until it answers, as a query's first look does. A topic it cannot
-    read is passed over: the collector's own wait says what is wrong with the one it
-    reads."""
+    """Where the records of the offset's query are: on the progress topic as it is now,
+    else on another named *.progress (the default names), asked until the broker
+    answers; a topic that refuses or does not answer is passed over."""
     client, keys = PlannerClient(options), _OldKeys(offset, options)
     while True:
         # Not the planner's wrapper: a refusal of another query's topic ends nothing.
         consumer = client.consumer("restart").consumer
         try:
             listed = client.admin.list_topics(timeout=options.request_timeout_s).topics
-            others = sorted(t for t in listed if t.endswith(".progress"))
+            others = _nearest_first(options.progress_topic, listed)
             for topic in dict.fromkeys([options.progress_topic, *others]):
                 if topic not in listed:
                     continue
@@ -419,6 +414,12 @@ def _named(topic: str, listed: Any, options: SourceOptions) -> str | None:
     named = topic.removesuffix(".progress")
     data = options.subscribes(named)
     return named if named != topic and named in listed and not data else None
+
+
+def _nearest_first(mine: str, listed: Any) -> list[str]:
+    """The *.progress topics, those sharing the longest prefix with ``mine`` first."""
+    near = [t for t in listed if t.endswith(".progress")]
+    return sorted(near, key=lambda t: (-len(os.path.commonprefix([t, mine])), t))  # noqa: RUF071
 
 
 @dataclass
@@ -471,9 +472,8 @@ def _read_around(
     offset: SourceOffset,
     keys: _OldKeys,
 ) -> _Seen:
-    """The records of a topic (``listed``: its name and partitions) from LOOK_BACK before
-    the offset's progress position on each partition (its log start without one) to
-    LOOK_AHEAD after, until the last batch's key is found."""
+    """The records of a topic (``listed``: name, partitions) around the offset's progress
+    position (LOOK_BACK before, LOOK_AHEAD after), until the last batch's key is found."""
     topic, partitions = listed
     asked = [(topic, p) for p in partitions]
     low, high = client.list_offsets(asked, "earliest"), client.list_offsets(asked, "latest")
