@@ -130,7 +130,7 @@ def run_emit(args: argparse.Namespace) -> int:
     try:
         emitter = Emitter(config)
     except KafkaException as error:
-        line = kafka_logging.without_secrets(str(error), config.kafka_config)
+        line = kafka_logging.redact(str(error), config.kafka_config)
         print(f"slackwater emit: invalid Kafka settings: {line}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as error:
@@ -157,10 +157,9 @@ def _control_config(args: argparse.Namespace) -> ControlConfig | None:
 
 
 def _say(args: argparse.Namespace, config: ControlConfig, problem: object) -> None:
-    """The command's one line on stderr, without the value of any secret setting."""
-    line = kafka_logging.without_secrets(
-        f"slackwater {args.command}: {problem}", config.kafka_config
-    )
+    """The command's one line on stderr, through the one filter of librdkafka's texts
+    (kafka_logging.redact): no secret setting's value, whatever the client echoed."""
+    line = kafka_logging.redact(f"slackwater {args.command}: {problem}", config.kafka_config)
     print(line, file=sys.stderr)
 
 
@@ -178,7 +177,9 @@ def _broker_problem(error: Exception, kafka: dict[str, str], client: Any = None)
     """Why a request failed, in one line: a failed authentication by name (librdkafka
     reports a request after one as a transport failure, and tells the client's error
     callback, served by its poll), else the error with the last one a client reported
-    (a refused connection, an unknown host: librdkafka's lines are not printed)."""
+    (a refused connection, an unknown host: librdkafka's lines are not printed). The
+    client's words pass kafka_logging.redact: librdkafka quotes settings it was given
+    ("Unrecognized sasl.oauthbearer.config beginning at: ...")."""
     if client is not None:
         client.poll(0)
     failure = kafka_logging.authentication_failure()
@@ -186,7 +187,7 @@ def _broker_problem(error: Exception, kafka: dict[str, str], client: Any = None)
         return kafka_logging.authentication_problem(failure, kafka)
     said = _words(error)
     last = kafka_logging.last_error()
-    return said if last is None else f"{said} (last: {last.str()})"
+    return kafka_logging.redact(said if last is None else f"{said} (last: {last.str()})", kafka)
 
 
 def _words(error: Exception) -> str:
@@ -286,6 +287,10 @@ def _read_control_topic(args: argparse.Namespace, config: ControlConfig) -> Read
             _say(args, config, _settings_problem(error))
             return EXIT_CONFIG
         problem = _broker_problem(error, kafka) if isinstance(error, KafkaException) else error
+        if isinstance(error, KafkaException) and isinstance(error.args[0], KafkaError):
+            # A topic the principal may not describe: the ACL it lacks, by name.
+            action = f"read control topic {config.control_topic}"
+            problem = kafka_logging.authorization_problem(error.args[0], action, kafka) or problem
         _say(args, config, f"cannot read control topic {config.control_topic!r}: {problem}")
         return 1
     try:

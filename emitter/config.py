@@ -22,6 +22,8 @@ from slackwater.markers import TOPIC_NAME_PATTERN
 from slackwater.settings import DurationMs, KafkaSettings
 
 _TOPIC = re.compile(TOPIC_NAME_PATTERN)
+# Kafka's longest topic name (249) less the election topic's suffix (".emitters").
+MAX_CONTROL_TOPIC_NAME = 249 - len(".emitters")
 
 
 def _split_topics(value: Any) -> Any:
@@ -60,6 +62,18 @@ class EmitterConfig(KafkaSettings):
     # Topic metadata (partitions added, topics deleted) is re-read this often, at
     # every poll while a watched topic is missing, and after a leader moved.
     metadata_interval_ms: DurationMs = 10_000
+    # The emitters' own group (election.py): of all emitters on one control topic, the
+    # member it assigns the election topic's partition 0 publishes, the others stand by. Default:
+    # slackwater-emitters.<control_topic>.
+    election_group: str | None = Field(default=None, min_length=1)
+    # How long the group waits for a silent member before another takes over (the
+    # classic group protocol's session.timeout.ms; the broker bounds it by its
+    # group.min/max.session.timeout.ms, 6 s to 30 min by default).
+    session_timeout_ms: DurationMs = 10_000
+
+    @property
+    def election_group_name(self) -> str:
+        return self.election_group or f"slackwater-emitters.{self.control_topic}"
 
     @field_validator("topics")
     @classmethod
@@ -76,6 +90,11 @@ class EmitterConfig(KafkaSettings):
     def _control_topic_name(cls, topic: str, info: ValidationInfo) -> str:
         if not _TOPIC.match(topic):
             raise ValueError(f"not a valid Kafka topic name: {topic!r}")
+        if len(topic) > MAX_CONTROL_TOPIC_NAME:  # its election topic must be a name too
+            raise ValueError(
+                f"at most {MAX_CONTROL_TOPIC_NAME} characters (the emitters' election topic "
+                f"is named <control_topic>.emitters), got {len(topic)}"
+            )
         if topic in info.data.get("topics", []):
             raise ValueError("the control topic must not be one of the watched topics")
         return topic

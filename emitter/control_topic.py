@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from slackwater import kafka_clients, kafka_evidence
 from slackwater.list_offsets import retriable
 from slackwater.markers import (
+    CONTROL_PARTITION,
     ControlRecord,
     EpochClaim,
     FinishRequest,
@@ -25,6 +26,7 @@ from slackwater.markers import (
     Tombstone,
     decode,
     encode,
+    in_protocol_order,
     rejection,
     skip_reason,
 )
@@ -112,6 +114,11 @@ class ControlTopicReader:
         )
         try:
             metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+            refused = getattr(metadata.topics.get(topic), "error", None)
+            if refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                # Refused, the topic has no partitions to read: an empty read-back would
+                # let an emitter claim epoch 1 over markers it cannot see.
+                raise KafkaException(refused)
         except KafkaException:
             # Serves the error callback first: a failed authentication is reported there
             # (kafka_logging.authentication_failure), the request only as a transport error.
@@ -122,22 +129,60 @@ class ControlTopicReader:
         self._partitions = [TopicPartition(topic, p, 0) for p in partitions]
         self._consumer.assign(self._partitions)
 
+    def follow(self, partition_count: int) -> None:
+        """Reads the partitions added to the topic since (``partition_count``, from its
+        metadata), each from its start: a record written there (an old emitter's hashed
+        key, a user's write) is read as any other, and a newer claim fences this one."""
+        added = [
+            TopicPartition(self._topic, p, 0) for p in range(len(self._partitions), partition_count)
+        ]
+        if added:
+            self._consumer.incremental_assign(added)
+            self._partitions += added
+
+    def start_again(self) -> None:
+        """Reads the topic again from the start of every partition it has now: it was
+        made again (a new log), so the positions in the old one mean nothing. Raises
+        ControlTopicError if the broker does not list it before the read deadline."""
+        deadline = time.monotonic() + max(30.0, self._timeout_s * 6)
+        while True:
+            try:
+                listed = self._consumer.list_topics(self._topic, timeout=self._timeout_s)
+                described = listed.topics.get(self._topic)
+                if described is not None and described.error is None and described.partitions:
+                    break
+            except KafkaException as error:
+                if not retriable(error.args[0]):
+                    raise
+            if time.monotonic() > deadline:
+                raise ControlTopicError(f"control topic {self._topic!r} is not listed again")
+            time.sleep(0.2)
+        self._consumer.unassign()
+        self._partitions = [TopicPartition(self._topic, p, 0) for p in described.partitions]
+        self._consumer.assign(self._partitions)
+
     def read_to_end(self) -> ReadBack:
-        """Everything up to the end of every partition as of now."""
+        """Everything up to the end of every partition as of now, in the protocol's order
+        (``markers.in_protocol_order``: one partition's log order; several merged by
+        (epoch, seq), however their records interleaved as they were read)."""
         deadline = time.monotonic() + max(30.0, self._timeout_s * 6)
         ends = {tp.partition: self._log_end(tp, deadline) for tp in self._partitions}
         positions = dict.fromkeys(ends, 0)
         read = ReadBack()
+        placed: list[tuple[int, ControlRecord]] = []
         while any(positions[p] < ends[p] for p in ends):
             if time.monotonic() > deadline:
                 raise ControlTopicError(f"timed out reading back control topic {self._topic!r}")
             message = self._consumer.poll(0.2)
             if message is None:
                 continue
+            taken = len(read.records)
             self._take(message, read)
             partition, offset = message.partition(), message.offset()
             if partition is not None and offset is not None:
                 positions[partition] = offset + 1
+                placed += [(partition, record) for record in read.records[taken:]]
+        read.records = in_protocol_order(placed)
         return read
 
     def _log_end(self, partition: TopicPartition, deadline: float) -> int:
@@ -254,7 +299,15 @@ class ControlTopicWriter:
             done.set()
 
         try:
-            self._producer.produce(self._topic, key=key, value=value, on_delivery=delivered)
+            # One partition whatever the key (markers.CONTROL_PARTITION): its log order
+            # is the order of every claim, marker and request, for every reader.
+            self._producer.produce(
+                self._topic,
+                key=key,
+                value=value,
+                partition=CONTROL_PARTITION,
+                on_delivery=delivered,
+            )
         except (BufferError, KafkaException) as error:
             raise ControlTopicError(f"cannot queue control record: {error}") from error
         # Wait for the delivery report itself (success or failure), never just a
@@ -279,16 +332,27 @@ def claim_epoch(
     *,
     wall_ms: int,
     timeout_s: float,
+    epoch_floor: int = 0,
+    may_claim: Callable[[], bool] = lambda: True,
 ) -> tuple[int, ReadBack]:
-    """Takes an epoch above every epoch in ``history``; the first claim of an epoch wins.
+    """Takes an epoch above every epoch in ``history`` and above ``epoch_floor`` (the
+    highest this process saw: a control topic deleted and created again holds none of
+    the old epochs, which consumers still hold); the first claim of an epoch wins.
 
     Returns the epoch and what was read while claiming (other records may
-    have arrived meanwhile: finish requests, say).
+    have arrived meanwhile: finish requests, say). ``may_claim`` is asked before every
+    claim: an emitter that lost the election meanwhile claims no more (else it would
+    claim above the new active one's claim and fence it).
     """
     seen = list(history)
     read_meanwhile = ReadBack()
     for _ in range(10):
-        epoch = 1 + max((r.epoch for r in seen if isinstance(r, Marker | EpochClaim)), default=0)
+        epoch = 1 + max(
+            (r.epoch for r in seen if isinstance(r, Marker | EpochClaim)), default=epoch_floor
+        )
+        epoch = max(epoch, epoch_floor + 1)
+        if not may_claim():
+            raise ControlTopicError("no longer the elected emitter: no epoch claimed")
         writer.write(EpochClaim(emitter_id=emitter_id, epoch=epoch, claimed_at=wall_ms))
         read = reader.read_until(
             lambda r, e=epoch: (
@@ -310,7 +374,9 @@ def claim_epoch(
 
 
 def last_marker_per_partition(records: Iterable[ControlRecord]) -> dict[tuple[str, int], Marker]:
-    """The marker a consumer would hold last for each partition.
+    """The marker a consumer would hold last for each partition, ``records`` taken in
+    the protocol's order (``markers.in_protocol_order``, as ``read_to_end`` gives them):
+    records of several control partitions give the same answer however they were read.
 
     A marker the protocol's acceptance rules reject (``markers.rejection``: an older
     epoch, anything after FINISHED) is ignored, as consumers ignore it.

@@ -5,7 +5,8 @@ back the markers to publish; a marker's status counts only once the service
 confirms its delivery (:meth:`Detector.published`), so a marker that could not
 be delivered is proposed again by the next poll, if it is still true.
 
-Per partition, the idle clock runs only between two successful observations:
+Per partition, the idle clock runs only between two successful observations (answers
+taken as instant here; the next timelines show their times):
 
     poll      ok      ok      FAIL    FAIL    ok      ok      ok
     log end   100     100     ?       ?       100     100     100
@@ -17,6 +18,28 @@ Per partition, the idle clock runs only between two successful observations:
     status    IDLE    IDLE    ACTIVE@100   (the first new record is at 100)
 
 An unreachable broker therefore never produces a transition.
+
+A log end counts as seen when its answer came, not when the poll ended (issue 42).
+Two equal answers prove the log still only from the first one's arrival (it may have
+reached that end as late as that) to the second one's request (proven unchanged only
+until then): a run of equal answers counts from the ``answered_s`` of the answer that
+started it to the ``requested_s`` of the latest one (the observer's stamps around
+ListOffsets). A slow answer, to any request of the poll, adds no stillness. A poll that
+waited on a slow group coordinator (sent at 2.0, ended at 7.0; idle_timeout 5s):
+
+    time (s)     0.0 0.1     1.0 1.1     2.0 2.1 ...... 7.0     8.0 8.1
+    ListOffsets  req ans     req ans     req ans                req ans
+    log end          100         100         100                    100
+    still            0s          0.9s        1.9s (not 6.9s)        7.9s
+                                                                    ^ IDLE@100
+
+The log may have moved at 2.5: only the poll sent at 8.0 can say it has not. A slow
+ListOffsets answer counts up to its own request:
+
+    time (s)     0.0 0.1     1.0 .......... 4.0     5.0 5.1
+    ListOffsets  req ans     req            ans     req ans
+    log end          100                    100         100
+    still            0s                     0.9s        4.9s
 
 A new log under a partition (its topic re-created, or its log truncated: the observer's
 verdict, slackwater.log_verdict) is another log: nothing known of the old one carries
@@ -69,6 +92,11 @@ class Observation:
     it did not show though the broker did not say they are not there (refused by an
     ACL, or not answered): neither present nor deleted. ``new_logs``: the partitions and
     topics the observer found on a new log this poll (truncated, re-created).
+
+    ``monotonic_s`` is when the log ends were answered (the observer's ``answered_s``:
+    a run of equal answers counts from the first one's) and ``requested_s`` when they
+    were asked for (a run counts up to the latest one's); None: at ``monotonic_s``, an
+    answer as good as instant (tests, and the bench's stepped clock).
     """
 
     monotonic_s: float
@@ -77,6 +105,12 @@ class Observation:
     topics: Mapping[str, int] | None
     unseen_topics: frozenset[str] = frozenset()
     new_logs: NewLogs = NO_NEW_LOG
+    requested_s: float | None = None
+
+    @property
+    def asked_s(self) -> float:
+        """When the log ends were asked for: stillness is proven up to here, no further."""
+        return self.monotonic_s if self.requested_s is None else self.requested_s
 
 
 class Reason(enum.StrEnum):
@@ -101,9 +135,13 @@ class Proposal:
 
 @dataclass
 class Clock:
-    """The time of the detector's latest observation, shared by its partitions."""
+    """The times of the detector's latest observation, shared by its partitions: when its
+    log ends were asked for (``now_s``: still time is counted up to it) and when they
+    were answered (``answered_s``: a run that starts with this observation starts
+    there)."""
 
     now_s: float = 0.0
+    answered_s: float = 0.0
 
 
 @dataclass
@@ -121,7 +159,9 @@ class PartitionState:
     max_log_end_offset: int | None = None
     # The idle clock counts only between successful observations: the still time of
     # the runs a failed observation closed, plus the open run since ``run_started_s``
-    # (None while the clock is stopped, until the next successful observation).
+    # (None while the clock is stopped, until the next successful observation). A run
+    # starts when the answer that started it came and counts up to the request of the
+    # latest equal answer (the module's docstring).
     still_closed_s: float = 0.0
     run_started_s: float | None = None
     finish_requested: bool = False
@@ -137,7 +177,7 @@ class PartitionState:
 
     @property
     def still_s(self) -> float:
-        """Seconds the log end has not moved, counted over successful polls only."""
+        """Seconds the log end is proven not to have moved, over successful polls only."""
         if self.run_started_s is None:
             return self.still_closed_s
         return self.still_closed_s + max(0.0, self.clock.now_s - self.run_started_s)
@@ -212,7 +252,10 @@ class Detector:
                 observation.topics, watched_topics, observation.unseen_topics
             )
         self._stop_unobserved_clocks(log_ends)
-        self._clock.now_s = observation.monotonic_s
+        # Still time is proven up to this observation's request; a run it starts, or
+        # resumes, starts at its answer (a slow answer adds no stillness).
+        self._clock.now_s = observation.asked_s
+        self._clock.answered_s = observation.monotonic_s
         if observation.new_logs is not NO_NEW_LOG:
             self._recheck |= _seen_afresh(self.partitions, observation.new_logs, log_ends)
         proposals += self._decide_all(self._to_decide(log_ends), log_ends)
@@ -221,7 +264,8 @@ class Detector:
 
     def _stop_unobserved_clocks(self, log_ends: Mapping[TopicPartitionKey, int]) -> None:
         """A partition not observed this time stops its clock at its last observation (the
-        previous one): the next successful observation counts from there, not from the gap."""
+        previous one's request): the next successful observation counts from its own
+        answer, not from the gap."""
         for key in self.partitions.keys() - log_ends.keys():
             state = self.partitions[key]
             if state.run_started_s is not None:
@@ -250,7 +294,7 @@ class Detector:
     def _decide_all(
         self, decide: set[TopicPartitionKey], log_ends: Mapping[TopicPartitionKey, int]
     ) -> list[Proposal]:
-        now = self._clock.now_s
+        now, answered = self._clock.now_s, self._clock.answered_s
         active = MarkerStatus.ACTIVE
         # A busy topic's common case needs no decision: an ACTIVE partition whose log end
         # moved has its still time restarted and can propose nothing (unless the idle
@@ -265,7 +309,7 @@ class Detector:
                 continue
             state = self._state(key)
             previous = state.log_end_offset
-            self._update_clock(state, log_end, now)
+            self._update_clock(state, log_end, answered)
             if (
                 moved_active_is_quiet
                 and previous is not None
@@ -288,15 +332,17 @@ class Detector:
         return [proposal for _, proposal in decided]
 
     @staticmethod
-    def _update_clock(state: PartitionState, log_end: int, now: float) -> None:
+    def _update_clock(state: PartitionState, log_end: int, answered: float) -> None:
         previous = state.log_end_offset
         state.log_end_offset = log_end
         if state.status is MarkerStatus.FINISHED:
             return  # FINISHED is terminal: no clock, and its end is already written
         if previous is None or log_end != previous:
-            state.still_closed_s, state.run_started_s = 0.0, now
+            # A new end: the log may have reached it as late as this answer came.
+            state.still_closed_s, state.run_started_s = 0.0, answered
         elif state.run_started_s is None:
-            state.run_started_s = now  # the clock resumes: the gap does not count
+            # The clock resumes at this answer's arrival: the gap does not count.
+            state.run_started_s = answered
         if state.max_log_end_offset is None or log_end > state.max_log_end_offset:
             state.max_log_end_offset = log_end
 
@@ -323,8 +369,10 @@ class Detector:
         if still_s >= self.idle_timeout_s - ROUNDING_S:
             # ACTIVE -> IDLE when the log end has not moved for idle_timeout: IDLE@log_end.
             return Proposal(topic, partition, MarkerStatus.IDLE, log_end, Reason.IDLE_TIMEOUT)
-        # Not yet: decided again when the timeout would be reached, if nothing moves.
-        deadline = now + (self.idle_timeout_s - still_s)
+        # Not yet: decided again at the first request by which the timeout would be
+        # reached, if nothing moves (the open run's start plus what is left of it).
+        start = state.run_started_s if state.run_started_s is not None else now
+        deadline = start + (self.idle_timeout_s - state.still_closed_s)
         # One live heap entry per partition, kept while it is earlier than needed (it is
         # decided again when it pops); one already due is replaced (popping clears it, so
         # this only guards against a deadline left without its heap entry).
@@ -410,10 +458,11 @@ class Detector:
         """The broker acknowledged this marker: from now on it is the partition's status."""
         state = self._adopt(marker)
         if marker.status is MarkerStatus.ACTIVE:
-            # The still time starts again from here; the clock keeps running.
+            # The still time starts again from here (the latest answer's arrival); the
+            # clock keeps running.
             state.still_closed_s = 0.0
             if state.run_started_s is not None:
-                state.run_started_s = self._clock.now_s
+                state.run_started_s = self._clock.answered_s
         elif marker.status is MarkerStatus.FINISHED:
             state.finish_requested = False
             state.still_closed_s, state.run_started_s = state.still_s, None  # clock stops

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,6 +25,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from slackwater.markers import MarkerStatus
+
+if TYPE_CHECKING:
+    from emitter.control_topic_watch import ControlTopicFindings
 
 PREFIX = "slackwater_emitter_"
 
@@ -66,6 +69,10 @@ class SnapshotSource(Protocol):
 
 
 class EmitterMetrics:
+    # The control topic's health, registered by the emitter's first check of it
+    # (control_topic_repair.py): a standby that never checked exports none.
+    control_topic: ControlTopicMetrics | None = None
+
     def __init__(self, snapshot: SnapshotSource, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._snapshot = snapshot
@@ -84,6 +91,7 @@ class EmitterMetrics:
             "1 if a newer emitter wrote to the control topic and this one stopped publishing.",
             registry=r,
         )
+        self._role_metrics(r)
         self.markers_published = Counter(
             PREFIX + "markers_published",
             "Markers acknowledged by the broker, by status.",
@@ -126,6 +134,25 @@ class EmitterMetrics:
             self.poll_errors.labels(request)
         r.register(_StateCollector(snapshot))
 
+    def _role_metrics(self, r: CollectorRegistry) -> None:
+        # The role among the emitters on one control topic (election.py).
+        self.active = Gauge(
+            PREFIX + "active",
+            "1 while this emitter is the active one of its control topic (it owns the "
+            "election topic's partition 0 and is not fenced) and publishes; 0 on a standby.",
+            registry=r,
+        )
+        self.role_since = Gauge(
+            PREFIX + "role_since_timestamp_seconds",
+            "When this emitter took its current role (active or standby), Unix seconds.",
+            registry=r,
+        )
+        self.takeovers = Counter(
+            PREFIX + "takeovers",
+            "Times this emitter became the active one and claimed an epoch.",
+            registry=r,
+        )
+
     def partition_text(self) -> str:
         """The per-partition series for ``/metrics``, written directly (served after
         the registry's, see render_partition_families)."""
@@ -134,6 +161,69 @@ class EmitterMetrics:
     def topic_text(self) -> str:
         """Per-topic aggregates instead, for ``--metrics-per-partition=false``."""
         return render_topic_families(self._snapshot())
+
+
+class ControlTopicMetrics:
+    """The control topic's health: the watch's findings (control_topic_watch.py), set by
+    the emitter's keeper (control_topic_repair.py) and read at scrape time, and the
+    keeper's repairs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.findings: ControlTopicFindings | None = None
+        self.repairs = Counter(
+            PREFIX + "control_topic_repairs",
+            "Times the control topic, lost or made again, was written again whole (a new "
+            "epoch claim and every partition's current marker).",
+            registry=registry,
+        )
+        registry.register(_ControlTopicCollector(self))
+
+
+class _ControlTopicCollector(Collector):
+    """The control topic's gauges, from the watch's last findings at scrape time: what
+    the broker has not told (yet) has no sample, never a 0 that would mean something."""
+
+    def __init__(self, metrics: ControlTopicMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        findings = self._metrics.findings
+        values: tuple[bool | int | None, ...] = (None, None, None, None)
+        if findings is not None:
+            values = (
+                findings.present,
+                findings.partitions,
+                findings.compacted,
+                findings.retention_ms,
+            )
+        for (name, help_text), value in zip(CONTROL_TOPIC_GAUGES, values, strict=True):
+            family = GaugeMetricFamily(PREFIX + name, help_text)
+            if value is not None:
+                family.add_metric([], float(value))
+            yield family
+        yield CounterMetricFamily(
+            PREFIX + "control_topic_recreations",
+            "Times the control topic was found gone (the broker said so twice in a row) or "
+            "made again under its name (a new topic id): the emitter's memory lost.",
+            value=0 if findings is None else findings.recreations,
+        )
+
+
+# The control topic's gauges and their help texts, in _ControlTopicCollector's order.
+CONTROL_TOPIC_GAUGES = (
+    (
+        "control_topic_present",
+        "1 while the broker describes the control topic, 0 once it said twice that the "
+        "topic does not exist; no sample before the first answer.",
+    ),
+    ("control_topic_partitions", "Partitions of the control topic (slackwater writes to 0)."),
+    (
+        "control_topic_compacted",
+        "1 if the control topic's cleanup.policy includes compact (every partition's last "
+        "marker kept), else 0.",
+    ),
+    ("control_topic_retention_ms", "The control topic's retention.ms (-1: kept for ever)."),
+)
 
 
 class _StateCollector(Collector):

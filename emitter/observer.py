@@ -8,10 +8,28 @@ DescribeTopics for topic ids. A failed request leaves its part of the
 :class:`PollAnswers` empty; it never invents values. The log ends are judged against
 what was seen before by ``slackwater.log_verdict`` (known_ends.py): a stale one is left
 out, a new log is said.
+
+When the log ends were asked for and answered is stamped around ListOffsets
+(``requested_s``, ``answered_s``): the detector counts stillness from those, so that
+what the poll waits for afterwards (DescribeTopics, the group) adds none (issue 42).
+
+The group's requests are carried (:class:`_InFlight`), its committed offsets and its
+description each on its own: one still in flight when the poll is done is carried into
+the next polls, not abandoned, and no new one of its kind is sent while it is pending;
+its answer is taken by the poll in which it has come (issue 42, finding 7: with a 1 s
+request timeout on a loaded machine, every poll gave its group requests up and the
+group's owners were never seen). DescribeGroups is kept in flight for
+GROUP_REQUEST_TIMEOUT_S, so a coordinator slower than the request timeout still answers.
+OffsetFetch keeps the request timeout: librdkafka's admin client dereferences a null
+consumer group when an OffsetFetch is answered NOT_COORDINATOR (a coordinator that moved
+while it was in flight) and the process dies (confluentinc/librdkafka#5040, open; seen
+here with a coordinator SIGSTOPped until the cluster fenced it, then continued: SIGSEGV
+in ``rd_kafka_cgrp_op``); a longer life would widen that window.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +51,11 @@ from slackwater.list_offsets import LEADER_MOVED
 from slackwater.markers import TopicPartitionKey
 
 log = logging.getLogger(__name__)
+
+# How long librdkafka keeps DescribeGroups (and the FindCoordinator before it) before
+# giving it up, when the request timeout is shorter: the default request.timeout.ms of
+# Kafka's own clients. The poll does not wait that long: it carries the request.
+GROUP_REQUEST_TIMEOUT_S = 30.0
 
 
 class _Batch:
@@ -61,6 +84,29 @@ class PollAnswers:
     errors: dict[str, str] = field(default_factory=dict)
     # Partitions and topics whose log this poll found new (truncated, re-created).
     new_logs: NewLogs = NO_NEW_LOG
+    # Monotonic times: just before ListOffsets was sent (None: not sent this poll), and
+    # once its answers were all in (without it: when the poll ended). A log end is seen
+    # between the two: still up to the first only, and from the second only (detector.py).
+    requested_s: float | None = None
+    answered_s: float = 0.0  # (set by every poll)
+
+
+@dataclass
+class _InFlight:
+    """Requests of one kind for the group, sent together (its committed offsets in the
+    batches of ListOffsets, or its description), carried until every one is answered."""
+
+    group: str
+    sent: list[dict[str, Future[Any]] | None]
+    new: bool = True  # sent by the current poll, which waits for it
+
+    def futures(self) -> list[Future[Any]]:
+        return [
+            future for futures in self.sent if futures is not None for future in futures.values()
+        ]
+
+    def done(self) -> bool:
+        return all(future.done() for future in self.futures())
 
 
 class BrokerObserver:
@@ -104,33 +150,44 @@ class BrokerObserver:
         self._batches: list[_Batch] = []  # of the partition counts above
         # Log ends are judged against what was seen before (known_ends.py).
         self._known = KnownEnds()
+        # The group's requests still in flight, carried from poll to poll.
+        self._committed: _InFlight | None = None
+        self._described: _InFlight | None = None
 
     def observe(self, topics: Iterable[str], group: str | None) -> PollAnswers:
         """One poll's round of requests; see the module docstring."""
         answers = PollAnswers()
-        if not self._read_metadata(answers, list(topics)):
-            return answers  # without metadata nothing else is trustworthy this poll
-        batches = self._batches
-        if not batches:
-            return answers
+        # Without metadata nothing else about the partitions is trustworthy this poll.
+        if self._read_metadata(answers, list(topics)) and self._batches:
+            self._observe_log_ends(answers, group)
+        elif group is not None and self._batches:
+            # The group's answers do not hang on this poll's metadata: the batches of
+            # the last one read serve its requests (a slow answer costs only its part).
+            self._send_group(group, answers.errors)
+        if group is not None:
+            self._take_group(group, answers)
+        if answers.requested_s is None:
+            answers.answered_s = self._monotonic_s()  # no log end: the poll's own time
+        return answers
+
+    def _observe_log_ends(self, answers: PollAnswers, group: str | None) -> None:
+        """ListOffsets, stamped when sent and when answered, then judged; the group's
+        requests sent beside it, those of a kind not in flight."""
+        # Stamped before the request goes out: an answer proves the log still up to here.
+        answers.requested_s = self._monotonic_s()
         offsets_pending = [
             self._submit("list_offsets", answers.errors, self._list_latest, batch.log_ends)
-            for batch in batches
+            for batch in self._batches
         ]
-        committed_pending: list[dict[str, Future[Any]] | None] = []
-        described: dict[str, Future[Any]] | None = None
         if group is not None:
-            committed_pending, described = self._submit_group(group, batches, answers.errors)
+            self._send_group(group, answers.errors)
         log_ends, epochs = self._collect_log_ends(offsets_pending, answers.errors)
+        # Stamped once every answer is in: a log end is new from here at the latest. What
+        # the poll waits for next (DescribeTopics, the group) is after it.
+        answers.answered_s = self._monotonic_s()
         answers.reachable = answers.reachable or bool(log_ends)
         answers.new_logs = self._judge(log_ends, epochs, answers.errors)
         answers.log_end_offsets = log_ends
-        if group is not None:
-            answers.committed_offsets = self._collect_committed(
-                group, committed_pending, answers.errors
-            )
-            answers.assignment = self._collect_assignment(group, described, answers.errors)
-        return answers
 
     def _judge(
         self,
@@ -189,30 +246,55 @@ class BrokerObserver:
             answers.unseen_topics = self._unseen(metadata, watched, answers.errors)
         return True
 
-    def _submit_group(
-        self, group: str, batches: list[_Batch], errors: dict[str, str]
-    ) -> tuple[list[dict[str, Future[Any]] | None], dict[str, Future[Any]] | None]:
+    def _send_group(self, group: str, errors: dict[str, str]) -> None:
         """The group's committed offsets, in the same batches as ListOffsets (one request
         without a partition list, "every partition the group committed", measured 7x the
-        CPU at 10,000), and its description."""
-        committed_pending = [
-            self._submit(
-                "group_offsets",
+        CPU at 10,000), and its description; each unless one of its kind is in flight."""
+        if self._committed is None:
+            committed = [
+                self._submit(
+                    "group_offsets",
+                    errors,
+                    self._admin.list_consumer_group_offsets,
+                    [ConsumerGroupTopicPartitions(group, batch.committed)],
+                    request_timeout=self._timeout_s,  # not longer: the module's docstring
+                )
+                for batch in self._batches
+            ]
+            self._committed = _InFlight(group, committed)
+        if self._described is None:
+            described = self._submit(
+                "describe_group",
                 errors,
-                self._admin.list_consumer_group_offsets,
-                [ConsumerGroupTopicPartitions(group, batch.committed)],
-                request_timeout=self._timeout_s,
+                self._admin.describe_consumer_groups,
+                [group],
+                request_timeout=max(self._timeout_s, GROUP_REQUEST_TIMEOUT_S),
             )
-            for batch in batches
-        ]
-        described = self._submit(
-            "describe_group",
-            errors,
-            self._admin.describe_consumer_groups,
-            [group],
-            request_timeout=self._timeout_s,
-        )
-        return committed_pending, described
+            self._described = _InFlight(group, [described])
+
+    def _take_group(self, group: str, answers: PollAnswers) -> None:
+        """The group's answers that have come: waited for up to the request timeout by
+        the poll that sent them, taken as they are by the polls after; a request still in
+        flight is carried, and this poll shows nothing of its kind (what the last one
+        showed stands: group_tracker.py)."""
+        in_flight = [kind for kind in (self._committed, self._described) if kind is not None]
+        if any(kind.group != group for kind in in_flight):  # (the emitter's group is fixed)
+            self._committed = self._described = None
+            return
+        sent_now = [future for kind in in_flight if kind.new for future in kind.futures()]
+        if sent_now:
+            concurrent.futures.wait(sent_now, timeout=self._timeout_s)
+        for kind in in_flight:
+            kind.new = False
+        if self._committed is not None and self._committed.done():
+            answers.committed_offsets = self._collect_committed(
+                group, self._committed.sent, answers.errors
+            )
+            self._committed = None
+        if self._described is not None and self._described.done():
+            (described,) = self._described.sent
+            answers.assignment = self._collect_assignment(group, described, answers.errors)
+            self._described = None
 
     @staticmethod
     def _submit(kind: str, errors: dict[str, str], call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -34,14 +34,17 @@ class MarkerPublisher:
         emitter_id: str,
         epoch: int,
         wall_ms: Callable[[], int],
+        may_publish: Callable[[], bool] = lambda: True,
     ) -> None:
         self._writer = writer
         self._detector = detector
         self._lock = lock
         self._metrics = metrics
         self._emitter_id = emitter_id
-        self._epoch = epoch
+        self.epoch = epoch
         self._wall_ms = wall_ms
+        # Asked before every write: an emitter that stood down mid-poll writes no more.
+        self._may_publish = may_publish
 
     def publish(self, proposals: list[Proposal]) -> list[Marker]:
         """The markers published, in order; one per partition at most."""
@@ -52,6 +55,8 @@ class MarkerPublisher:
             if key in seen:
                 continue
             seen.add(key)
+            if not self._may_publish():
+                break  # no longer the active emitter (election.py)
             marker = self._marker(proposal)
             try:
                 self._writer.write(marker)
@@ -90,6 +95,6 @@ class MarkerPublisher:
             offset=proposal.offset,
             emitted_at=self._wall_ms(),
             emitter_id=self._emitter_id,
-            epoch=self._epoch,
+            epoch=self.epoch,
             seq=seq,
         )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 from emitter.config import EmitterConfig
 from emitter.control_topic import (
@@ -23,17 +24,17 @@ from emitter.control_topic import (
     ControlTopicReader,
     ControlTopicWriter,
     ReadBack,
-    last_marker_per_partition,
 )
 from emitter.detector import Detector, Observation, Proposal
 from emitter.group_tracker import GroupTracker
-from emitter.metrics import EmitterMetrics, PartitionRow, Snapshot
+from emitter.metrics import EmitterMetrics, Snapshot
 from emitter.observer import BrokerObserver
 from emitter.publisher import MarkerPublisher
-from emitter.startup import start_on_control_topic
+from emitter.snapshot import snapshot_of
+from emitter.startup import restore, start_on_control_topic
 from emitter.status_view import status_document
+from emitter.terms import Terms
 from slackwater import kafka_clients
-from slackwater.http_server import MetricsServer
 from slackwater.kafka_logging import once_per_interval
 from slackwater.markers import EpochClaim, FinishRequest, Marker
 
@@ -56,45 +57,62 @@ class Emitter:
     ) -> None:
         self.config = config
         self._monotonic_s = monotonic_s
-        self._wall_ms = wall_ms
-        self.detector = Detector(
-            idle_timeout_s=config.idle_timeout_ms / 1000,
-            deleted_topic_polls=config.deleted_topic_polls,
-        )
+        self.wall_ms = wall_ms
+        self.detector = self._new_detector()
         self.epoch: int | None = None
         self.fenced = False
+        # The highest epoch this process saw on the control topic: a claim goes above it
+        # even where the topic no longer holds it (deleted and created again).
+        self.highest_epoch = 0
         self.broker_up = False
         self.metrics_port: int | None = None
         self._lock = threading.Lock()
         self._group = GroupTracker()  # read and updated under the lock
         self.metrics = EmitterMetrics(self.snapshot)
+        # Its terms as the active emitter of the control topic, elected by Kafka.
+        self.terms = Terms(self)
         self._timeout_s = config.request_timeout_ms / 1000
         self._admin = kafka_clients.admin_client(
             "admin", config.bootstrap_servers, config.kafka_config
         )
-        self._observer = BrokerObserver(
-            self._admin,
-            self._timeout_s,
-            metadata_interval_s=config.metadata_interval_ms / 1000,
-            monotonic_s=monotonic_s,
-            kafka_config=config.kafka_config,
-        )
+        self._observer = self._new_observer()
         self._reader: ControlTopicReader | None = None
         self._writer: ControlTopicWriter | None = None
         self._publisher: MarkerPublisher | None = None
+
+    def _new_detector(self) -> Detector:
+        return Detector(
+            idle_timeout_s=self.config.idle_timeout_ms / 1000,
+            deleted_topic_polls=self.config.deleted_topic_polls,
+        )
+
+    def _new_observer(self) -> BrokerObserver:
+        return BrokerObserver(
+            self._admin,
+            self._timeout_s,
+            metadata_interval_s=self.config.metadata_interval_ms / 1000,
+            monotonic_s=self._monotonic_s,
+            kafka_config=self.config.kafka_config,
+        )
 
     # --------------------------------------------------------------- start-up
 
     def connect(self, stop: threading.Event) -> bool:
         """Creates / reads back the control topic; retries while the broker is away.
 
-        Returns False if ``stop`` was set before the broker could be reached.
+        Returns False if ``stop`` was set, or this emitter stood down, before the broker
+        could be reached.
         """
         config = self.config
-        while not stop.is_set():
+        while not stop.is_set() and self.terms.may_publish():
             try:
                 started = start_on_control_topic(
-                    self._admin, config, self._timeout_s, self._wall_ms
+                    self._admin,
+                    config,
+                    self._timeout_s,
+                    self.wall_ms,
+                    epoch_floor=max(self.highest_epoch, self.terms.epoch_floor()),
+                    may_claim=self.terms.may_publish,
                 )
             except (KafkaException, ControlTopicError, KeyError) as error:
                 self._set_broker_up(False)
@@ -105,6 +123,8 @@ class Emitter:
                 continue
             self._reader, self._writer = started.reader, started.writer
             self.epoch = started.epoch
+            self.highest_epoch = max(self.highest_epoch, started.epoch)
+            self.terms.keep_epoch(started.epoch)
             self._publisher = MarkerPublisher(
                 started.writer,
                 self.detector,
@@ -112,7 +132,8 @@ class Emitter:
                 self.metrics,
                 emitter_id=config.emitter_id,
                 epoch=started.epoch,
-                wall_ms=self._wall_ms,
+                may_publish=self.terms.may_publish,
+                wall_ms=self.wall_ms,
             )
             self._restore(started.read_back)
             return True
@@ -120,19 +141,8 @@ class Emitter:
 
     def _restore(self, read_back: ReadBack) -> None:
         """Continues every partition from its last marker; honours pending finish requests."""
-        # Partitions come from the broker and the watched topics, not from markers: a
-        # marker for a topic this emitter does not watch is left to whoever watches it.
-        watched = set(self.config.topics)
-        latest = {
-            key: marker
-            for key, marker in last_marker_per_partition(read_back.records).items()
-            if key[0] in watched
-        }
         with self._lock:
-            self.detector.restore(latest.values())
-            for record in read_back.records:
-                if isinstance(record, FinishRequest) and record.topic in watched:
-                    self.detector.request_finish(record.topic, record.partition)
+            restored = restore(self.detector, read_back, self.config.topics)
         self.metrics.control_records_malformed.inc(read_back.malformed)
         self.metrics.control_records_tombstones.inc(read_back.tombstones)
         self.metrics.epoch.set(self.epoch or 0)
@@ -146,7 +156,7 @@ class Emitter:
         log.info(
             "read back %d control records (%d partitions with markers); epoch %d",
             len(read_back.records),
-            len(latest),
+            restored,
             self.epoch,
         )
 
@@ -156,6 +166,7 @@ class Emitter:
         """One poll; returns the markers published by it."""
         started = time.perf_counter()
         assert self._reader is not None, "connect() first"
+        self._keep_control_topic()
         self._follow_control_topic(self._reader.poll_new())
         answers = self._observer.observe(self.config.topics, self.config.group)
         self._set_broker_up(answers.reachable)
@@ -164,12 +175,13 @@ class Emitter:
         if answers.errors:
             log_poll_errors.warning("poll errors: %s", answers.errors)
         observation = Observation(
-            monotonic_s=self._monotonic_s(),
-            wall_ms=self._wall_ms(),
+            monotonic_s=answers.answered_s,  # a log end is seen when it came (detector.py)
+            wall_ms=self.wall_ms(),
             log_end_offsets=answers.log_end_offsets,
             topics=answers.topics,
             unseen_topics=answers.unseen_topics,
             new_logs=answers.new_logs,
+            requested_s=answers.requested_s,
         )
         with self._lock:
             missing_before = set(self.detector.missing_topics)
@@ -208,17 +220,21 @@ class Emitter:
                 )
                 with self._lock:
                     self.detector.request_finish(record.topic, record.partition)
-            elif (
+            if isinstance(record, Marker | EpochClaim):
+                self.highest_epoch = max(self.highest_epoch, record.epoch)
+            if (
                 isinstance(record, Marker | EpochClaim)
                 and self.epoch is not None
                 and record.epoch > self.epoch
+                # Its own claim (a repair's whose read-back failed) fences no one.
+                and record.emitter_id != self.config.emitter_id
                 and not self.fenced
             ):
                 self.fenced = True
-                self.metrics.fenced.set(1)
+                self.terms.fenced()
                 log.error(
                     "emitter %s (epoch %d) wrote to %s: this emitter (epoch %d) is fenced "
-                    "and stops publishing",
+                    "and stands by until the emitters' group elects it again",
                     record.emitter_id,
                     record.epoch,
                     self.config.control_topic,
@@ -235,39 +251,16 @@ class Emitter:
 
     def snapshot(self, rows: bool = True) -> Snapshot:
         """The emitter's state for metrics, ``/status`` and the demo (one partition row
-        each, unless ``rows`` is False)."""
-        now_ms = self._wall_ms()
+        each, unless ``rows`` is False). A standby or fenced emitter reports no partition:
+        it publishes none of their markers."""
+        reporting = self.role == "active" or self.terms.election is None
         with self._lock:
-            partitions = self.detector.partitions
-            rows_of = sorted(partitions.items()) if rows else []
-            group = self._group
-            rows_out = []
-            for (topic, partition), state in rows_of:
-                lag, lag_seconds = group.lags((topic, partition), state.log_end_offset, now_ms)
-                rows_out.append(
-                    PartitionRow(
-                        topic=topic,
-                        partition=partition,
-                        status=state.status,
-                        log_end_offset=state.log_end_offset,
-                        still_seconds=state.still_s,
-                        lag_offsets=lag,
-                        lag_seconds=lag_seconds,
-                    )
-                )
-            owners, assignment = group.ownership, group.assignment
-            return Snapshot(
-                group=self.config.group,
-                partitions=rows_out,
-                watched_partitions=len(partitions),
-                missing_topics=sorted(self.detector.missing_topics),
-                partitions_without_owner=(len(owners.partitions_without_owner) if owners else None),
-                members_without_partitions=(
-                    len(owners.members_without_partitions) if owners else None
-                ),
-                group_members=len(assignment) if assignment is not None else None,
-                unlisted_partitions=len(self.detector.held),
-                unlisted_partitions_dropped=self.detector.held_dropped,
+            return snapshot_of(
+                self.detector if reporting else None,
+                self._group,
+                self.config.group,
+                self.wall_ms(),
+                rows=rows,
             )
 
     def status_view(self) -> dict[str, Any]:
@@ -280,54 +273,57 @@ class Emitter:
         header = {
             "emitter_id": self.config.emitter_id,
             "epoch": self.epoch,
-            "fenced": self.fenced,
+            "fenced": self.fenced or self.role == "fenced",
+            **self.terms.status_fields(),
             "control_topic": self.config.control_topic,
             "group": self.config.group,
             "broker_up": self.broker_up,
         }
+        watch = self.metrics.control_topic
         return status_document(
-            header, snap, markers=markers, requested=requested, owners=owners, assignment=assignment
+            header,
+            snap,
+            markers=markers,
+            requested=requested,
+            owners=owners,
+            assignment=assignment,
+            control_topic=None if watch is None else watch.findings,
         )
 
     # ------------------------------------------------------------------- run
 
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> int:
-        """Serves metrics, connects, polls until ``stop``; flushes and returns 0."""
-        server = MetricsServer(
-            self.config.metrics_host,
-            self.config.metrics_port,
-            self.metrics.registry,
-            {"/status": self.status_view},
-            extra=(
-                self.metrics.partition_text
-                if self.config.metrics_per_partition
-                else self.metrics.topic_text
-            ),
-        ).start()
-        self.metrics_port = server.port
-        log.info(
-            "metrics on http://%s:%d/metrics, status on /status",
-            self.config.metrics_host,
-            server.port,
-        )
-        try:
-            if not self.connect(stop):
-                return 0
-            if ready is not None:
-                ready.set()
-            interval_s = self.config.poll_interval_ms / 1000
-            while not stop.is_set():
-                began = time.monotonic()
-                try:
-                    self.poll_once()
-                    self._admin.poll(0)  # serves the admin client's log lines
-                except Exception:  # a poll must never end the service
-                    log.exception("poll failed")
-                stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
-            return 0
-        finally:
-            self.close()
-            server.stop()
+        """Serves metrics, and publishes while the emitters' group makes this one the
+        active emitter (terms.py); returns 0 at ``stop``. ``ready`` is set at the first
+        start as the active one."""
+        return self.terms.run(stop, ready)
+
+    def serve_client_callbacks(self) -> None:
+        self._admin.poll(0)  # serves the admin client's log lines
+
+    @property
+    def admin(self) -> AdminClient:
+        return self._admin
+
+    def stand_down(self) -> None:
+        """Back to standby: the term's clients closed and its state dropped, so that a
+        standby reports nothing it did not publish, and a next term starts from what the
+        control topic holds, as a restart does."""
+        self.close()
+        with self._lock:
+            self.detector = self._new_detector()
+            self._group = GroupTracker()
+        self._observer = self._new_observer()
+        self._publisher = None
+        self.epoch = None
+        self.fenced = False
+        self.metrics.epoch.set(0)
+        self.terms.note_role()
+
+    @property
+    def role(self) -> str:
+        """``active``, ``standby`` or ``fenced`` (terms.py)."""
+        return self.terms.role
 
     def close(self) -> None:
         if self._writer is not None:
@@ -336,3 +332,10 @@ class Emitter:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+    def _keep_control_topic(self) -> None:
+        """The control topic checked (at most once per metadata interval) and, found gone
+        or made again, written again whole at a new epoch (control_topic_repair.py)."""
+        from emitter.control_topic_repair import keep_control_topic
+
+        keep_control_topic(self)

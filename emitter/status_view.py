@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from emitter.control_topic_watch import ControlTopicFindings
 from emitter.lag import Ownership
 from emitter.metrics import Snapshot
 from slackwater.markers import Marker, TopicPartitionKey
@@ -23,10 +24,14 @@ def status_document(
     requested: Collection[TopicPartitionKey],
     owners: Ownership | None,
     assignment: dict[str, list[TopicPartitionKey]] | None,
+    control_topic: ControlTopicFindings | None = None,
 ) -> dict[str, Any]:
     """``header`` (who the emitter is) first, then the group and the partitions:
     ``markers`` the last marker of each partition, ``requested`` those whose finish was
-    requested, ``owners`` and ``assignment`` the group's (None without a group)."""
+    requested, ``owners`` and ``assignment`` the group's (None without a group).
+    ``control_topic``, the watch's findings (control_topic_watch.py), makes the header's
+    ``control_topic`` an object: its name, whether it is there, its id, partitions,
+    cleanup.policy, retention and how often it was lost."""
     partitions = []
     for row in snap.partitions:
         marker = markers.get((row.topic, row.partition))
@@ -47,6 +52,8 @@ def status_document(
                 "owner": owners.owners.get((row.topic, row.partition)) if owners else None,
             }
         )
+    if control_topic is not None:
+        header = {**header, "control_topic": control_topic.as_status()}
     return {
         **header,
         "missing_topics": snap.missing_topics,
@@ -64,6 +71,11 @@ def status_document(
         else sorted(f"{t}:{p}" for t, p in owners.partitions_without_owner),
         "partitions": partitions,
     }
+
+
+def status_time(wall_ms: int | None) -> str | None:
+    """A wall time as ``/status`` writes it (ISO 8601, UTC, milliseconds)."""
+    return _iso(wall_ms)
 
 
 def _iso(wall_ms: int | None) -> str | None:

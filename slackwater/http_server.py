@@ -15,6 +15,8 @@ from prometheus_client.exposition import choose_encoder
 log = logging.getLogger(__name__)
 
 JsonView = Callable[[], Any]
+# A probe answers (healthy, text): 200 with the text when healthy, else 503.
+Probe = Callable[[], tuple[bool, str]]
 
 
 def exposition(
@@ -44,8 +46,10 @@ class MetricsServer:
         registry: CollectorRegistry,
         json_views: dict[str, JsonView],
         extra: Callable[[], str] | None = None,
+        *,
+        probes: dict[str, Probe] | None = None,
     ) -> None:
-        handler = _handler_class(registry, json_views, extra)
+        handler = _handler_class(registry, json_views, extra, probes or {})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -70,6 +74,7 @@ def _handler_class(
     registry: CollectorRegistry,
     json_views: dict[str, JsonView],
     extra: Callable[[], str] | None,
+    probes: dict[str, Probe],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -81,8 +86,11 @@ def _handler_class(
                 elif path in json_views:
                     document = json.dumps(json_views[path](), indent=2, default=str)
                     self._send(200, "application/json", document.encode())
+                elif path in probes:  # Kubernetes' readiness and liveness probes
+                    healthy, text = probes[path]()
+                    self._send(200 if healthy else 503, "text/plain", text.encode())
                 else:
-                    paths = ", ".join(["/metrics", *json_views])
+                    paths = ", ".join(["/metrics", *json_views, *probes])
                     self._send(404, "text/plain", f"not found; try {paths}\n".encode())
             except Exception:  # the server must outlive any one bad scrape
                 log.exception("error serving %s", path)

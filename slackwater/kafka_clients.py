@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from slackwater.kafka_logging import client_logging
+from slackwater.kafka_logging import client_logging, remember_secrets
 
 
 def answer_wait_s(request_timeout_s: float) -> float:
@@ -47,7 +47,10 @@ def client_settings(
     user: Mapping[str, Any] | None = None,
     ours: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The settings of a client called ``name`` (its logger is ``librdkafka.<name>``)."""
+    """The settings of a client called ``name`` (its logger is ``librdkafka.<name>``).
+    Its secrets are made known to the one filter of librdkafka's texts first
+    (kafka_logging.redact): whatever the client says later, no line shows them."""
+    remember_secrets({**(user or {}), **(ours or {})})
     return {
         **(user or {}),
         **client_logging(name),
@@ -86,7 +89,12 @@ def producer(
     user: Mapping[str, Any] | None = None,
     ours: Mapping[str, Any] | None = None,
 ) -> Producer:
-    return Producer(client_settings(name, bootstrap_servers, user, ours))
+    # librdkafka's producer asks for the topics it writes with auto-creation allowed (its
+    # default is true, the consumer's false): a write to a deleted control topic made it
+    # again with the broker's defaults (cleanup.policy=delete), without our state.
+    return Producer(
+        client_settings(name, bootstrap_servers, user, {**NEVER_CREATE_TOPICS, **(ours or {})})
+    )
 
 
 def all_partitions_led(admin: AdminClient, topic: str, partitions: int) -> bool:

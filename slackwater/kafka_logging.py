@@ -8,11 +8,13 @@ again while it lasts, is what an operator needs. Every Kafka client of slackwate
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -64,6 +66,7 @@ def once_per_interval(name: str) -> logging.Logger:
     while a broker is away)."""
     logger = logging.getLogger(name)
     if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+        logger.addFilter(RedactSecrets())  # what repeats is a broker's answer: redact it
         logger.addFilter(OncePerInterval())
     return logger
 
@@ -77,12 +80,13 @@ def client_logging(client: str) -> dict[str, Any]:
     logger made for the process's life."""
     logger = logging.getLogger(f"{LOGGER_NAME}.{client.partition('#')[0]}")
     if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+        logger.addFilter(RedactSecrets())  # librdkafka's own lines quote what it was told
         logger.addFilter(_not_reported_twice)
         logger.addFilter(OncePerInterval())
 
     def on_error(error: Any) -> None:
         # librdkafka retries by itself: this says what is wrong, never stops anything.
-        logger.warning("Kafka: %s (still retrying)", error.str())
+        logger.warning("Kafka: %s (still retrying)", redact(error.str()))
         if _credentials_refused(error):
             _authentication_failures.pop(client, None)  # the newest last
             _authentication_failures[client] = error
@@ -150,19 +154,221 @@ def leave_out_client_lines() -> None:
     logging.getLogger(LOGGER_NAME).setLevel(logging.CRITICAL + 1)
 
 
-# The names of settings whose values are secrets: Spark's spark.redaction.regex (its
-# default), and PEM text (librdkafka's ssl.key.pem) and JAAS lines (Kafka's Java clients').
-_SECRET_SETTING = re.compile(r"(?i)secret|password|token|access[.]?key|pem|jaas")
 REDACTED = "*********(redacted)"
+
+# The settings whose values are secrets: those librdkafka marks _RK_SENSITIVE
+# (src/rdkafka_conf.c of librdkafka 2.16; its CONFIGURATION.md does not say which),
+# save those judged not secret below, and the Java clients' that users paste into a
+# properties file (librdkafka refuses those by name, but a line may still quote one).
+# Not secrets although librdkafka marks them: sasl.username (the principal, named on
+# purpose: "authentication failed as 'ops'", as Kafka's ACLs and logs name it), and the
+# paths ssl.key.location and sasl.oauthbearer.assertion.private.key.file (the file is the
+# secret; its path is what an operator needs when it is missing), as sasl.kerberos.keytab
+# (a path too). A private key's PEM text is a secret in any setting (PRIVATE_KEY).
+SECRET_SETTINGS = frozenset(
+    {
+        "sasl.password",
+        "sasl.oauthbearer.config",  # name=value pairs: each value a secret on its own
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",  # its alias
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl.keystore.password",
+        "ssl.ca.pem",
+        "ssl.truststore.password",  # Java's
+        "ssl.keystore.key",  # Java's
+        "sasl.jaas.config",  # Java's, with a password inside
+    }
+)
+# Any other setting named as a secret: Spark's spark.redaction.regex (its default), PEM
+# text and JAAS lines.
+_SECRET_SETTING = re.compile(r"(?i)secret|password|token|access[.]?key|pem|jaas")
+# librdkafka's unsecured OAUTHBEARER settings, "principal=p scope=s extension_x=v".
+_OAUTHBEARER_CONFIG = "sasl.oauthbearer.config"
+# A private key in PEM, whatever setting holds it (ssl.certificate.pem may hold the key
+# after the certificate), and one cut short (librdkafka's error texts end at 512 bytes).
+PRIVATE_KEY = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|.*\Z)",
+    re.DOTALL,
+)
+# A secret this short is blotted out only as a word of its own: everywhere, it would
+# blot out the words that name the problem.
+_SHORT_SECRET = 4
+
+
+def is_secret_setting(name: str) -> bool:
+    return name in SECRET_SETTINGS or bool(_SECRET_SETTING.search(name))
+
+
+def secret_values(kafka_config: Mapping[str, Any]) -> set[str]:
+    """The secrets in ``kafka_config``: the value of each secret setting, each value of
+    sasl.oauthbearer.config's pairs, and every private key's PEM text."""
+    found: set[str] = set()
+    for name, value in kafka_config.items():
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            continue  # a callback or a logger, not a setting's text
+        text = str(value)
+        if is_secret_setting(name):
+            found.update({text, text.strip()})  # as given, and as Kafka's clients trim it
+            if name == _OAUTHBEARER_CONFIG:
+                # librdkafka quotes it from a bad pair on ("beginning at: badkey=..."):
+                # the whole value never appears, each pair's value may.
+                for word in text.split():
+                    _, equals, pair_value = word.partition("=")
+                    found.add(pair_value if equals else word)
+        found.update(match.group(0) for match in PRIVATE_KEY.finditer(text))
+    found.discard("")
+    # As a line may quote them: escaped by JSON (an HTTP answer) or by Python's repr
+    # (KafkaError's, an exception's args).
+    return found | {json.dumps(v)[1:-1] for v in found} | {repr(v)[1:-1] for v in found}
+
+
+class SecretFilter:
+    """Secrets, by value, and one pattern that finds them all, longest first (a secret
+    inside another goes with the whole); ``redact`` blots them out of a text."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.secrets: frozenset[str] = frozenset()
+        self._pattern: re.Pattern[str] | None = None
+
+    def remember(self, kafka_config: Mapping[str, Any]) -> bool:
+        """Adds the secrets of ``kafka_config``; whether any was new."""
+        found = secret_values(kafka_config)
+        if found <= self.secrets:
+            return False
+        with self._lock:
+            secrets = self.secrets | found
+            alternatives = [
+                re.escape(s)
+                if len(s) >= _SHORT_SECRET
+                else rf"(?<![0-9A-Za-z]){re.escape(s)}(?![0-9A-Za-z])"
+                for s in sorted(secrets, key=len, reverse=True)
+            ]
+            self._pattern = re.compile("|".join(alternatives))
+            self.secrets = secrets
+        return True
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret blotted out, wherever it stands, one cut short at
+        its end too, and any private key's PEM text."""
+        text = PRIVATE_KEY.sub(REDACTED, text)
+        pattern, secrets = self._pattern, self.secrets
+        if pattern is None:
+            return text
+        return _without_cut_secret(pattern.sub(REDACTED, text), secrets)
+
+
+# Every secret of every Kafka client made in this process (client_settings).
+_known = SecretFilter()
+
+
+def remember_secrets(kafka_config: Mapping[str, Any]) -> None:
+    """Makes the secrets of ``kafka_config`` known to ``redact``, for the life of the
+    process, and from then on every log line of the process passes ``redact``."""
+    if _known.remember(kafka_config):
+        _redact_every_log_record()
+
+
+def redact(text: str, kafka_config: Mapping[str, Any] | None = None) -> str:
+    """The one filter every text from librdkafka passes before a log line, an error line
+    or an HTTP answer: ``text`` with every secret of this process's Kafka clients
+    (``remember_secrets``) and of ``kafka_config`` blotted out by value, wherever it
+    stands, and any private key."""
+    if kafka_config:
+        remember_secrets(kafka_config)
+    return _known.redact(text)
+
+
+def _without_cut_secret(text: str, secrets: frozenset[str]) -> str:
+    """``text`` without the start of a secret at its end (its first 4 characters at
+    least): librdkafka's error texts are cut at 512 bytes, and one may end inside a
+    secret it quotes."""
+    for secret in secrets:
+        head = secret[:_SHORT_SECRET]
+        if len(head) < _SHORT_SECRET:
+            continue
+        cut_at = text.find(head, max(0, len(text) - len(secret)))
+        while cut_at >= 0:  # str.find's "not found", not an offset of Kafka's
+            if secret.startswith(text[cut_at:]):
+                return text[:cut_at] + REDACTED
+            cut_at = text.find(head, cut_at + 1)
+    return text
+
+
+def redacted_document(document: Any) -> Any:
+    """A JSON document (an HTTP answer) with ``redact`` applied to every string in it."""
+    if isinstance(document, str):
+        return redact(document)
+    if isinstance(document, Mapping):
+        return {redact(str(k)): redacted_document(v) for k, v in document.items()}
+    if isinstance(document, list | tuple):
+        return [redacted_document(v) for v in document]
+    return document
 
 
 def without_secrets(line: str, kafka_config: Mapping[str, Any]) -> str:
-    """``line`` with the value of every secret setting of ``kafka_config`` blotted out,
-    as Spark shows them: the last guard of a line that quotes what a client was told."""
-    for name, value in kafka_config.items():
-        if value and _SECRET_SETTING.search(name):
-            line = line.replace(str(value), REDACTED)
-    return line
+    """``line`` through ``redact``, ``kafka_config``'s secrets known: the last guard of a
+    line that quotes what a client was told."""
+    return redact(line, kafka_config)
+
+
+_EXCEPTION_TEXT = logging.Formatter()
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """``record``'s message, traceback and stack through ``redact``; a traceback that
+    held a secret is kept only as its redacted text."""
+    unformatted = False
+    try:
+        message = record.getMessage()
+    except Exception:  # logging would print msg and args as they are: joined here
+        message, unformatted = f"{record.msg} {record.args!r}", True
+    clean = redact(message)
+    if clean != message or unformatted:
+        record.msg, record.args = clean, ()
+    if record.exc_info and not record.exc_text:
+        text = _EXCEPTION_TEXT.formatException(record.exc_info)
+        if redact(text) != text:
+            record.exc_text, record.exc_info = redact(text), None
+    elif record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+
+
+class RedactSecrets(logging.Filter):
+    """``redact_record`` as a logger's filter (librdkafka's loggers): their lines pass
+    the filter even where another library has replaced the record factory."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact_record(record)
+        return True
+
+
+_factory_installed = threading.Event()
+_factory_lock = threading.Lock()
+
+
+def _redact_every_log_record() -> None:
+    """Every log record of the process, whatever its logger, passes ``redact`` when it
+    is made (the record factory, chained to the one before): a line that quotes a
+    librdkafka error (``emitter.service``'s, the Spark source's) needs no filter of its
+    own, and a handler the user adds sees no secret."""
+    with _factory_lock:
+        if _factory_installed.is_set():
+            return
+        previous = logging.getLogRecordFactory()
+
+        def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            redact_record(record)
+            return record
+
+        logging.setLogRecordFactory(redacting_factory)
+        _factory_installed.set()
 
 
 def authentication_failure() -> KafkaError | None:
@@ -177,24 +383,37 @@ def take_authentication_failure(client: str) -> KafkaError | None:
     return _authentication_failures.pop(client, None)
 
 
+def take_newest_authentication_failure(clients: Iterable[str]) -> KafkaError | None:
+    """The newest of the failures of the clients called ``clients``, each taken (as
+    ``take_authentication_failure``): those a step of several clients met since the last
+    call, the newest the one that says most."""
+    names = set(clients)
+    newest = next((f for c, f in reversed(_authentication_failures.items()) if c in names), None)
+    for name in names:
+        _authentication_failures.pop(name, None)
+    return newest
+
+
 def authentication_problem(failure: KafkaError, kafka_config: Mapping[str, Any]) -> str:
     """One line naming the principal that failed to authenticate (never its password),
     or the certificate problem: the broker's certificate not verified against the
     client's CA, or the client's certificate refused by the broker, with the settings
-    that name the files (paths, never a password or a PEM's text)."""
+    that name the files (paths, never a password or a PEM's text). Through ``redact``."""
     if _CERTIFICATE_REFUSED.search(failure.str()):
-        return (
+        line = (
             "TLS handshake failed: the broker refused this client's certificate "
             f"({_client_certificate(kafka_config)}): {failure.str()}"
         )
-    if failure.code() == KafkaError._SSL:
+    elif failure.code() == KafkaError._SSL:
         trusted = kafka_config.get("ssl.ca.location")
         ca = f"ssl.ca.location={trusted}" if trusted else "no ssl.ca.location: the system's CAs"
-        return (
+        line = (
             f"TLS handshake failed: the broker's certificate was not verified ({ca}): "
             f"{failure.str()}"
         )
-    return f"authentication failed{_as_whom(kafka_config)}: {failure.str()}"
+    else:
+        line = f"authentication failed{_as_whom(kafka_config)}: {failure.str()}"
+    return redact(line, kafka_config)
 
 
 # The settings that hand librdkafka the client's own certificate (mTLS).
@@ -220,7 +439,7 @@ def settings_problem(error: KafkaError, kafka_config: Mapping[str, Any]) -> str:
         if name.endswith((".location", ".keytab")) and value and not os.path.exists(str(value))
     ]
     line = f"invalid Kafka settings: {error.str()}"
-    return without_secrets(f"{line} ({'; '.join(missing)})" if missing else line, kafka_config)
+    return redact(f"{line} ({'; '.join(missing)})" if missing else line, kafka_config)
 
 
 # The broker's answers that an ACL refused the request (Kafka's protocol error codes).
@@ -245,7 +464,9 @@ def authorization_problem(
     if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED and group:
         # A consumer that only reads by assignment still finds its group's coordinator.
         action = f"describe consumer group {group} (to {action})"
-    return f"not authorized{_as_whom(kafka_config)} to {action}: {error.str()}"
+    return redact(
+        f"not authorized{_as_whom(kafka_config)} to {action}: {error.str()}", kafka_config
+    )
 
 
 def _as_whom(kafka_config: Mapping[str, Any]) -> str:

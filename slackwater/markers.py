@@ -22,7 +22,9 @@ raises :class:`MalformedControlRecord` with a one-line reason.
 from __future__ import annotations
 
 import enum
+import heapq
 import json
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -30,6 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 PROTOCOL_VERSION = 1
 FINISH_REQUEST_KIND = "finish_request"
 EPOCH_CLAIM_KIND = "epoch_claim"
+# Every record slackwater writes to the control topic goes to this partition, whatever
+# its key and however many partitions the topic has: one log, so its order is the order
+# of the writes (a claim fences every reader, a partition's markers never move).
+CONTROL_PARTITION = 0
 
 # Kafka topic names: 1-249 characters of [a-zA-Z0-9._-] (no ':' so keys split cleanly).
 TOPIC_NAME_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
@@ -143,6 +149,8 @@ class OtherRecord(BaseModel):
 
 
 ControlRecord = Marker | FinishRequest | EpochClaim | OtherRecord
+# A record as a reader took it: a marker (the source reads only those), or any kind.
+_Read = TypeVar("_Read", Marker, ControlRecord)
 
 
 def partition_key(topic: str, partition: int) -> str:
@@ -242,7 +250,9 @@ def rejection(marker: Marker, epoch_seen: int, finished: bool) -> Rejection | No
     """The acceptance rules of a partition's next marker, for every reader of the control
     topic (the emitter restoring, ``slackwater status``, the consumer's aligner): None
     when accepted. ``epoch_seen`` is the highest epoch accepted for the partition so far
-    (-1 for none), ``finished`` whether a FINISHED marker was accepted."""
+    (-1 for none), ``finished`` whether a FINISHED marker was accepted. "Next" is in the
+    protocol's order (``in_protocol_order``), never in the order the control topic's
+    partitions happened to be read in."""
     # Markers of an older epoch than one seen for the partition are ignored.
     if marker.epoch < epoch_seen:
         return Rejection.STALE_EPOCH
@@ -250,3 +260,44 @@ def rejection(marker: Marker, epoch_seen: int, finished: bool) -> Rejection | No
     if finished:
         return Rejection.AFTER_FINISHED
     return None
+
+
+def protocol_place(record: ControlRecord) -> tuple[int, int]:
+    """A record's place in the protocol's order: a marker's (epoch, seq) (epochs order
+    the emitters, seq rises per partition within one), an epoch claim just before its
+    epoch's markers; a record of another kind has none, (-1, -1): it is taken where it
+    comes."""
+    if isinstance(record, Marker):
+        return record.epoch, record.seq
+    if isinstance(record, EpochClaim):
+        return record.epoch, -1
+    return -1, -1
+
+
+def in_protocol_order(read: Iterable[tuple[int, _Read]]) -> list[_Read]:
+    """Control records read as (control partition, record), in the order the protocol
+    judges them, whatever order the partitions' records were read in.
+
+    One partition's records keep its log's order: the order they were written in (a
+    fenced emitter's late marker stays after the newer one, where the epoch rule
+    rejects it). Where several partitions hold records (an old deployment's hashed
+    keys, a user's writes), each data partition's records (and each finish request's,
+    and the claims) are merged from the partitions' logs by ``protocol_place``: the
+    lowest of the logs' next ones first, ties to the lower partition. A data
+    partition's records are never held back behind another's."""
+    logs: dict[int, list[_Read]] = {}
+    for partition, record in read:
+        logs.setdefault(partition, []).append(record)
+    if len(logs) <= 1:  # one log: its order is the order
+        return next(iter(logs.values()), [])
+    streams: dict[str, dict[int, list[_Read]]] = {}
+    for partition in sorted(logs):
+        for record in logs[partition]:
+            key = record.key if isinstance(record, Marker | FinishRequest | EpochClaim) else ""
+            streams.setdefault(key, {}).setdefault(partition, []).append(record)
+    ordered: list[_Read] = []
+    for key in sorted(streams):
+        # heapq.merge takes the lowest next record each time (ties to the earlier log): a
+        # merge of the logs as they are, sorted or not.
+        ordered += heapq.merge(*streams[key].values(), key=protocol_place)
+    return ordered

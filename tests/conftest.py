@@ -53,6 +53,9 @@ TEST_BROKER_SETTINGS = {
     "log.retention.ms": "-1",
     # The log cleaner looks for dirty logs every 15 s; the compaction test need not wait.
     "log.cleaner.backoff.ms": "200",
+    # The emitters' election tests use a 2 s session (Kafka's floor is 6 s): their
+    # takeovers wait for the group's verdict, this only shortens them.
+    "group.min.session.timeout.ms": "1000",
 }
 
 

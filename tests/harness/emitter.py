@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,14 @@ class RunningEmitter:
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=5) as response:
             text: str = response.read().decode()
             return text
+
+    def probe(self, path: str) -> int:
+        """The HTTP status of a probe (``/ready``, ``/live``), as Kubernetes reads it."""
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
 
     def metric(self, name: str, **labels: str) -> float | None:
         """The value of one series from a real scrape of /metrics."""

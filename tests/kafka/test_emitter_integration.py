@@ -19,6 +19,7 @@ from tests.harness.emitter import (
     after_polls,
     commit,
     control_markers,
+    polls_done,
     produce_one,
 )
 from tests.harness.factories import SLACKWATER, run_cli, wait_until
@@ -169,18 +170,32 @@ def test_newer_emitter_fences_the_older_one(
     broker: KafkaBroker, new_topic: TopicFactory, emitters: EmitterFactory
 ) -> None:
     topic, control = new_topic(partitions=1), _control()
-    old = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
-    new = emitters(topics=[topic], control_topic=control, idle_timeout_ms=60_000)
+    # Fenced, it pauses for one session before it claims again: longer than this test.
+    old = emitters(
+        topics=[topic], control_topic=control, idle_timeout_ms=60_000, session_timeout_ms=120_000
+    )
+    # An emitter outside the old one's group (another election_group: a second
+    # deployment, an older version): both are active in their groups.
+    new = emitters(
+        topics=[topic], control_topic=control, idle_timeout_ms=60_000, election_group=_control()
+    )
     assert (old.emitter.epoch, new.emitter.epoch) == (1, 2)
-    # The new emitter's epoch claim alone fences the old one, before any marker.
+    # The new emitter's epoch claim alone fences the old one, before any marker; it
+    # stands by (ready no more, live still) and does not claim again at once.
     wait_until(
         lambda: old.metric("slackwater_emitter_fenced") == 1, DEADLINE_S, "old emitter fenced"
     )
     assert new.metric("slackwater_emitter_fenced") == 0
+    assert (old.status()["role"], new.status()["role"]) == ("fenced", "active")
+    assert old.status()["partitions"] == []  # it reports no state it would not publish
+    assert (old.probe("/ready"), old.probe("/live")) == (503, 200)
+    assert (new.probe("/ready"), new.probe("/live")) == (200, 200)
     produce_one(broker.bootstrap_servers, topic, 0)
     assert _finish(broker, control, topic, 0).returncode == 0
     wait_until(lambda: control_markers(broker.bootstrap_servers, control), DEADLINE_S, "FINISHED")
-    after_polls(old, 4)  # the old emitter would have published too by now
+    old_polls = polls_done(old)
+    after_polls(new, 4)  # the old emitter would have published too by now
+    assert polls_done(old) == old_polls  # it stands by: it does not even poll the broker
     markers = control_markers(broker.bootstrap_servers, control)
     assert [(m.status, m.offset, m.epoch) for m in markers] == [(FINISHED, 1, 2)]
 

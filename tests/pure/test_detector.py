@@ -225,6 +225,87 @@ def test_partition_added_to_a_topic_is_tracked() -> None:
     ]
 
 
+# A log end counts as seen when its answer came (issue 42, finding 1): a run of equal
+# answers is still from the first one's answer to the latest one's request.
+
+
+def answered(requested_s: float, answered_s: float, offsets: dict[int, int] | None) -> Observation:
+    """An observation whose log ends were asked for at ``requested_s`` and answered at
+    ``answered_s``."""
+    return dataclasses.replace(obs(answered_s, offsets), requested_s=requested_s)
+
+
+def test_a_run_of_equal_answers_is_still_from_the_first_answers_arrival() -> None:
+    """The log may have reached 100 as late as the first answer came (2.0, asked at 0):
+    the still time is counted from there, so IDLE comes with the request at 5.0."""
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, answered(0, 2, {0: 100})) == []
+    assert run(detector, answered(4.5, 4.6, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == 2.5
+    assert run(detector, answered(5, 5.1, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_a_run_is_still_only_up_to_the_latest_equal_answers_request() -> None:
+    """An answer proves the log unchanged only until it was asked for: answered at 9 to a
+    request sent at 2, it proves 2 s of stillness, not 9."""
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, answered(0, 0, {0: 100})) == []
+    assert run(detector, answered(2, 9, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == 2.0
+    assert run(detector, answered(10, 10, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_a_slow_answer_adds_no_stillness() -> None:
+    """The docstring's timeline: the poll sent at 2.0 waited on a slow group coordinator
+    and ended at 7.0; its log end was answered at 2.1. Still 1.9 s, not 6.9 s: no IDLE
+    until the poll sent at 8.0 says the log has not moved (it may have at 2.5)."""
+    detector = Detector(idle_timeout_s=5)
+    assert run(detector, answered(0.0, 0.1, {0: 100})) == []
+    assert run(detector, answered(1.0, 1.1, {0: 100})) == []
+    assert run(detector, answered(2.0, 2.1, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == pytest.approx(1.9)
+    assert run(detector, answered(8.0, 8.1, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_a_slow_list_offsets_answer_counts_up_to_its_own_request() -> None:
+    """The docstring's second timeline: asked at 1.0, answered at 4.0."""
+    detector = Detector(idle_timeout_s=5)
+    assert run(detector, answered(0.0, 0.1, {0: 100})) == []
+    assert run(detector, answered(1.0, 4.0, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == pytest.approx(0.9)
+    assert run(detector, answered(5.0, 5.1, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == pytest.approx(4.9)
+    assert run(detector, answered(5.1, 5.2, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_after_a_gap_the_clock_resumes_at_the_next_answers_arrival() -> None:
+    """A failed poll closes the run at the last answer's request (1.0); the next answer
+    (asked at 10, answered at 12) resumes it from 12, not from 10."""
+    detector = Detector(idle_timeout_s=3)
+    assert run(detector, answered(0, 0, {0: 100})) == []
+    assert run(detector, answered(1, 1.5, {0: 100})) == []
+    assert run(detector, answered(2, 6, None)) == []
+    assert run(detector, answered(10, 12, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == 1.0
+    assert run(detector, answered(13.5, 13.5, {0: 100})) == []
+    assert detector.partitions[(T, 0)].still_s == 2.5
+    assert run(detector, answered(14, 14, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+
+
+def test_an_active_published_starts_the_still_time_again_at_the_latest_answer() -> None:
+    """An ACTIVE delivered a poll after it was proposed (asked at 3, answered at 5):
+    the new ACTIVE period is still from that answer, 5, not from its request."""
+    detector = Detector(idle_timeout_s=2)
+    run(detector, answered(0, 0, {0: 100}))
+    assert run(detector, answered(2, 2, {0: 100})) == [P(0, IDLE, 100, Reason.IDLE_TIMEOUT)]
+    moved = P(0, ACTIVE, 100, Reason.LOG_END_MOVED)
+    assert detector.observe(answered(2.5, 2.5, {0: 101}), [T]) == [moved]  # not delivered
+    assert run(detector, answered(3, 5, {0: 101})) == [moved]
+    assert run(detector, answered(6.5, 6.5, {0: 101})) == []
+    assert detector.partitions[(T, 0)].still_s == 1.5
+    assert run(detector, answered(7, 7, {0: 101})) == [P(0, IDLE, 101, Reason.IDLE_TIMEOUT)]
+
+
 def _marker(partition: int, status: MarkerStatus, offset: int) -> Marker:
     """A marker written by an earlier emitter (epoch 3)."""
     return marker(partition, status, offset, epoch=3, seq=4, emitter_id="old")
@@ -346,16 +427,21 @@ def test_held_partitions_are_bounded_and_the_rest_counted() -> None:
     assert detector.held_dropped == 5
 
 
-# Many partitions, partial failures, undelivered markers, finish requests: the exact
-# proposals of every poll against a model written from semantics.md §4's sentences. Times are
-# whole seconds, so still times are exact in floating point.
+# Many partitions, partial failures, undelivered markers, finish requests, answers that
+# take their time: the exact proposals of every poll against a model written from
+# semantics.md §4's sentences. Times are whole seconds, so still times are exact in
+# floating point.
+Step = tuple[int, int, dict[int, int], bool, int | None]
+
+
 @st.composite
-def fleet_walks(draw: st.DrawFn) -> tuple[int, list[tuple[int, dict[int, int], bool, int | None]]]:
+def fleet_walks(draw: st.DrawFn) -> tuple[int, list[Step]]:
     partitions = draw(st.integers(1, 5))
     steps = draw(
         st.lists(
             st.tuples(
-                st.integers(1, 3),  # seconds since the previous poll
+                st.integers(1, 3),  # seconds from the previous answer to this request
+                st.integers(0, 2),  # seconds this poll's answers took to come
                 st.dictionaries(st.integers(0, partitions - 1), st.integers(0, 2)),  # growth
                 st.booleans(),  # the markers of this poll are delivered
                 st.one_of(st.none(), st.integers(0, partitions - 1)),  # a finish request
@@ -366,58 +452,86 @@ def fleet_walks(draw: st.DrawFn) -> tuple[int, list[tuple[int, dict[int, int], b
     # Which partitions each poll reads: all, some (a failed batch), none (failed poll).
     reads = draw(st.lists(st.sets(st.integers(0, partitions - 1)), min_size=len(steps)))
     return partitions, [
-        (seconds, {p: g for p, g in growth.items() if p in read}, delivered, finish)
-        for (seconds, growth, delivered, finish), read in zip(steps, reads, strict=False)
+        (seconds, took, {p: g for p, g in growth.items() if p in read}, delivered, finish)
+        for (seconds, took, growth, delivered, finish), read in zip(steps, reads, strict=False)
     ]
+
+
+class StillClock:
+    """The model's still time of one partition, from semantics.md §4: "measured only over
+    polls that succeeded"; "a log end counts as seen at the time its answer came": a run
+    of equal answers is still from the first one's answer to the latest one's request."""
+
+    def __init__(self) -> None:
+        self.closed = 0  # still time of the runs a gap closed
+        self.run_from: int | None = 0  # the open run's start (None: stopped)
+
+    def gap(self, last_asked: int) -> None:
+        """Not read this poll: the run closes at the last request that read it."""
+        if self.run_from is not None:
+            self.closed += max(0, last_asked - self.run_from)
+        self.run_from = None
+
+    def read(self, moved: bool, asked: int, answered: int) -> int:
+        """Read this poll: a new end, or a return after a gap, starts from this answer."""
+        if moved:
+            self.closed, self.run_from = 0, answered
+        elif self.run_from is None:
+            self.run_from = answered
+        return self.closed + max(0, asked - self.run_from)
+
+    def active(self, answered: int) -> None:
+        """An ACTIVE published: still from zero, from the latest answer."""
+        self.closed = 0
+        if self.run_from is not None:
+            self.run_from = answered
 
 
 @settings(max_examples=400, deadline=None)
 @given(fleet_walks(), st.integers(1, 6))
 def test_every_poll_proposes_exactly_what_the_rules_say(
-    walk: tuple[int, list[tuple[int, dict[int, int], bool, int | None]]], idle_timeout_s: int
+    walk: tuple[int, list[Step]], idle_timeout_s: int
 ) -> None:
     partitions, steps = walk
     detector = Detector(idle_timeout_s=idle_timeout_s)
-    # The model: "per partition the status, the last log end offset, and how long the log
-    # end has been still, measured only over polls that succeeded".
+    # The model: per partition the status, the last log end offset, and its still clock.
     log_end = dict.fromkeys(range(partitions), 0)
-    seen: dict[int, int] = {}  # last log end read
     status = dict.fromkeys(range(partitions), ACTIVE)
     idle_offset: dict[int, int] = {}
-    still = dict.fromkeys(range(partitions), 0)
-    read_last_poll: set[int] = set()
+    clocks = {p: StillClock() for p in range(partitions)}
     finish_asked: set[int] = set()
-    now = 0
+    asked = answered = 0
     first = {(T, p): 0 for p in range(partitions)}
-    assert detector.observe(Observation(now, 0, first, {T: partitions}), [T]) == []
+    assert detector.observe(Observation(0, 0, first, {T: partitions}), [T]) == []
     seen, read_last_poll = dict(log_end), set(range(partitions))
-    for seconds, growth, delivered, finish in steps:
-        now += seconds
+    for seconds, took, growth, delivered, finish in steps:
+        last_asked, asked = asked, answered + seconds
+        answered = asked + took
         if finish is not None:
             detector.request_finish(T, finish)
             finish_asked.add(finish)
-        read = set(growth)
         for p, g in growth.items():
             log_end[p] += g
-        expected = []
-        for p in sorted(read):
-            moved = log_end[p] != seen[p]
+        for p in read_last_poll - set(growth):
             if status[p] is not FINISHED:
-                # The still time counts only between two successful polls.
-                still[p] = 0 if moved else still[p] + (seconds if p in read_last_poll else 0)
-            seen[p] = log_end[p]
+                clocks[p].gap(last_asked)
+        expected = []
+        for p in sorted(growth):
+            moved, seen[p] = log_end[p] != seen[p], log_end[p]
             if status[p] is FINISHED:
-                continue  # terminal
+                continue  # terminal: no clock, no marker
+            still = clocks[p].read(moved, asked, answered)
             if p in finish_asked:  # -> FINISHED on an explicit finish: FINISHED@log_end
                 expected.append(P(p, FINISHED, log_end[p], Reason.FINISH_REQUESTED))
             elif status[p] is IDLE and log_end[p] != idle_offset[p]:
                 # IDLE -> ACTIVE when the log end moves: ACTIVE@previous_log_end
                 expected.append(P(p, ACTIVE, idle_offset[p], Reason.LOG_END_MOVED))
-            elif status[p] is ACTIVE and still[p] >= idle_timeout_s:
+            elif status[p] is ACTIVE and still >= idle_timeout_s:
                 # ACTIVE -> IDLE when the log end has not moved for idle_timeout
                 expected.append(P(p, IDLE, log_end[p], Reason.IDLE_TIMEOUT))
-        read_last_poll = read
-        observation = Observation(now, now * 1000, {(T, p): log_end[p] for p in sorted(read)}, None)
+        read_last_poll = set(growth)
+        log_ends = {(T, p): log_end[p] for p in sorted(growth)}
+        observation = Observation(answered, answered * 1000, log_ends, None, requested_s=asked)
         proposals = detector.observe(observation, [T])
         assert sorted(proposals, key=lambda x: x.partition) == expected
         if not delivered:
@@ -431,7 +545,7 @@ def test_every_poll_proposes_exactly_what_the_rules_say(
             if proposal.status is IDLE:
                 idle_offset[p] = proposal.offset
             elif proposal.status is ACTIVE:
-                still[p] = 0  # a new ACTIVE period starts still from zero
+                clocks[p].active(answered)
             else:
                 finish_asked.discard(p)
 

@@ -1,4 +1,5 @@
-"""The control-topic protocol (semantics.md §3): strict decoding, one error type, round trips."""
+"""The control-topic protocol (semantics.md §3): strict decoding, one error type, round trips;
+the protocol's order of records read from several partitions of the control topic."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slackwater.markers import (
     MAX_TIMESTAMP_MS,
     MIN_TIMESTAMP_MS,
+    ControlRecord,
     EpochClaim,
     FinishRequest,
     MalformedControlRecord,
@@ -22,7 +24,10 @@ from slackwater.markers import (
     Tombstone,
     decode,
     encode,
+    in_protocol_order,
 )
+from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from tests.harness.control_histories import interleavings, written_histories
 from tests.harness.factories import json_shaped_bytes
 
 VALID: dict[str, Any] = {
@@ -270,3 +275,62 @@ def test_json_python_cannot_parse_is_malformed_never_another_error(value: bytes)
 def test_json_shaped_bytes_never_raise_anything_but_malformed(value: bytes) -> None:
     with contextlib.suppress(MalformedControlRecord):
         decode(KEY, value)
+
+
+# ------------------------------------------------- the protocol's order (issue 42)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_protocols_order_does_not_depend_on_the_read_order(data: st.DataObject) -> None:
+    written = data.draw(written_histories())
+    read = data.draw(interleavings(written))
+    assert in_protocol_order(read) == in_protocol_order(written)
+    # Per data partition, (epoch, seq) order: what one log of all writes would hold.
+    for partition in range(3):
+        ordered = [m for m in in_protocol_order(read) if m.partition == partition]
+        assert ordered == [m for _, m in written if m.partition == partition]
+
+
+def _aligned(markers: list[Marker]) -> tuple[dict[int, MarkerStatus], int, str]:
+    """A consumer's partition statuses and valve output after the markers, every offset
+    read (no data: each marker applies as the read position passed it)."""
+    aligner = MarkerAligner("t", 0, partitions=range(3))
+    for marker in markers:
+        aligner.offer(marker)
+    aligner.advance({p: PartitionBatch(read_position=10_000) for p in range(3)})
+    statuses = {p: aligner.status_of(p) for p in range(3)}
+    return statuses, aligner.valve.watermark, aligner.valve.status.value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_consumer_holds_the_same_statuses_whatever_the_read_order(
+    data: st.DataObject,
+) -> None:
+    """The source's control reader offers one read's markers in the protocol's order
+    (spark_consumer/source/driver/control_reader.py)."""
+    written = data.draw(written_histories())
+    read = data.draw(interleavings(written))
+    assert _aligned(in_protocol_order(read)) == _aligned([m for _, m in written])
+
+
+def test_one_partitions_log_order_is_the_order() -> None:
+    """A fenced emitter's late marker stays after the newer one (the epoch rule rejects
+    it), as every reader of one log has always taken it."""
+    newer = Marker.model_validate({**VALID, "epoch": 3, "seq": 8, "status": MarkerStatus.IDLE})
+    late = Marker.model_validate({**VALID, "epoch": 2, "seq": 8, "status": MarkerStatus.FINISHED})
+    assert in_protocol_order([(0, newer), (0, late)]) == [newer, late]
+
+
+def test_several_partitions_merge_by_epoch_and_seq() -> None:
+    """An old deployment's hashed key put a newer marker in partition 3, written before
+    partition 0 got the older one: read in either order, the older comes first."""
+    older = Marker.model_validate({**VALID, "epoch": 2, "seq": 7, "status": MarkerStatus.IDLE})
+    newer = Marker.model_validate({**VALID, "epoch": 2, "seq": 8, "status": MarkerStatus.ACTIVE})
+    claim = EpochClaim(emitter_id="e", epoch=2, claimed_at=0)
+    request = FinishRequest(topic="orders", partition=3, requested_at=0, requested_by="ops")
+    expected = [claim, request, older, newer]  # claims, requests, markers: each stream
+    one_way: list[tuple[int, ControlRecord]] = [(3, newer), (0, claim), (1, request), (0, older)]
+    another: list[tuple[int, ControlRecord]] = [(0, older), (1, request), (3, newer), (0, claim)]
+    assert in_protocol_order(one_way) == in_protocol_order(another) == expected

@@ -1,7 +1,14 @@
 """The control-topic reader: the emitter's markers, read once each, up to the ends one
 plan looked at, offered to the aligner (which applies them once the read position
 reaches their offset, and fences older epochs); markers for partitions the broker does
-not list yet are held in the plan until they appear."""
+not list yet are held in the plan until they appear.
+
+Every partition of the control topic is read, those added while the query runs too
+(its partitions come from the plan's metadata, each read from its start), and the
+markers of one read are offered in the protocol's order (``markers.in_protocol_order``),
+not in the order the partitions' records interleaved: an emitter writes to partition 0
+alone (``markers.CONTROL_PARTITION``), whose log order stays the order, but an old
+deployment's hashed keys or a user's writes may sit in others."""
 
 from __future__ import annotations
 
@@ -13,7 +20,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from slackwater.markers import MalformedControlRecord, Marker, Tombstone, decode
+from slackwater.markers import (
+    MalformedControlRecord,
+    Marker,
+    Tombstone,
+    decode,
+    in_protocol_order,
+)
 from spark_consumer.source.driver.partition_identity import PartitionIdentity
 from spark_consumer.source.driver.plan import Plan
 from spark_consumer.source.driver.plan_answers import PlanAnswers
@@ -62,6 +75,7 @@ class ControlReader:
         if not todo:
             return
         malformed: list[str] = []
+        markers: list[tuple[int, Marker]] = []  # (control partition, marker), as read
         if self._consumer is None:
             self._consumer = self._kafka.consumer("control")
         self._consumer.assign([TopicPartition(topic, int(p), plan.control[p]) for p in todo])
@@ -70,8 +84,10 @@ class ControlReader:
             if time.monotonic() > deadline:
                 raise SourceError(f"timed out reading control topic {topic} up to {ends}")
             for message in self._consumer.consume(num_messages=10_000, timeout=0.2):
-                self._take(plan, message, ends, todo, malformed)
+                self._take(plan, message, ends, todo, malformed=malformed, markers=markers)
         self._consumer.unassign()
+        for marker in in_protocol_order(markers):
+            self._offer(plan, marker)
         if malformed:
             log.warning(
                 "skipped %d malformed control record(s) on %s (first: %s)",
@@ -105,7 +121,9 @@ class ControlReader:
         message: Any,
         ends: dict[str, int],
         todo: dict[str, int],
+        *,
         malformed: list[str],
+        markers: list[tuple[int, Marker]],
     ) -> None:
         """One consumed message: a position moved, a partition done, a record taken."""
         error = message.error()
@@ -129,9 +147,11 @@ class ControlReader:
         plan.control[partition] = message.offset() + 1
         if plan.control[partition] >= ends[partition]:
             todo.pop(partition, None)
-        self._take_record(plan, message, malformed)
+        self._take_record(plan, message, malformed, markers)
 
-    def _take_record(self, plan: Plan, message: Any, malformed: list[str]) -> None:
+    def _take_record(
+        self, plan: Plan, message: Any, malformed: list[str], markers: list[tuple[int, Marker]]
+    ) -> None:
         try:
             record = decode(message.key(), message.value())
         except Tombstone:
@@ -143,7 +163,8 @@ class ControlReader:
             return
         if isinstance(record, Marker):
             plan.count("markers_read")
-            self._offer(plan, record)
+            # Offered once the read is whole, in the protocol's order.
+            markers.append((message.partition(), record))
 
     def _offer(self, plan: Plan, marker: Marker) -> None:
         """Channels come from the broker, not from markers: a marker for a partition the

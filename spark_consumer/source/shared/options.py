@@ -108,6 +108,10 @@ _CONSUMER_ONLY = (
 class SourceError(RuntimeError):
     """The source cannot plan or read a batch; the message says what and where."""
 
+    def __init__(self, message: object = "", *args: object) -> None:
+        # Many quote librdkafka's words, which may quote a setting: through the one filter.
+        super().__init__(kafka_logging.redact(str(message)), *args)
+
 
 # --------------------------------------------------------------------------- options
 
