@@ -26,12 +26,13 @@ alone holds the state to write again (control_topic_repair.py).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater import kafka_clients, kafka_evidence, kafka_logging
@@ -120,6 +121,8 @@ class Election:
         self.problem: str | None = None
         # An epoch the service asked to keep, committed by the election thread.
         self._epoch_to_commit: int | None = None
+        # The service's asks for the kept epoch, answered by the election thread.
+        self._floor_asks: queue.SimpleQueue[tuple[queue.Queue[int], float]] = queue.SimpleQueue()
         # Incremented at every assignment of the election topic's partition 0 to this member.
         self.term = 0
         self._stop = threading.Event()
@@ -156,6 +159,7 @@ class Election:
                 failed = None if message is None else message.error()
                 error_text = None if failed is None else failed.str()
             self._commit_pending_epoch()
+            self._answer_floor_asks()
             if error_text is not None:
                 # A refused group or topic (an ACL), said in one line every 30 s.
                 self.problem = kafka_logging.redact(error_text)
@@ -211,17 +215,29 @@ class Election:
                 kafka_logging.redact(str(error)),
             )
 
-    def committed_epoch(self, admin: AdminClient, timeout_s: float) -> int:
-        """The highest epoch an active emitter of the group kept (0: none, or no answer),
-        asked through the admin client (OffsetFetch answers while the group has members)."""
-        asked = [ConsumerGroupTopicPartitions(self.group, [TopicPartition(self.topic, 0)])]
+    def committed_epoch(self, timeout_s: float) -> int:
+        """The highest epoch an active emitter of the group kept (0: none, or no answer).
+        Asked by the election thread, as every call on its consumer is (not the admin
+        client's OffsetFetch: librdkafka 2.16 can crash on its NOT_COORDINATOR answer,
+        confluentinc/librdkafka#5040)."""
+        asked: queue.Queue[int] = queue.Queue(maxsize=1)
+        self._floor_asks.put((asked, timeout_s))
         try:
-            futures = admin.list_consumer_group_offsets(asked, request_timeout=timeout_s)
-            answer = kafka_clients.answer(futures[self.group], timeout_s)
-        except KafkaException:
+            return asked.get(timeout=kafka_clients.answer_wait_s(timeout_s) + 1.0)
+        except queue.Empty:
             return 0
-        offsets = [tp.offset for tp in answer.topic_partitions if tp.error is None]
-        return max((int(o) for o in offsets if kafka_evidence.known_offset(int(o))), default=0)
+
+    def _answer_floor_asks(self) -> None:
+        while not self._floor_asks.empty():
+            answer_to, timeout_s = self._floor_asks.get_nowait()
+            asked = [TopicPartition(self.topic, ACTIVE_PARTITION)]
+            try:
+                (answer,) = self._consumer.committed(asked, timeout=timeout_s)
+                offset = int(answer.offset)
+                known = answer.error is None and kafka_evidence.known_offset(offset)
+                answer_to.put(offset if known else 0)
+            except KafkaException:
+                answer_to.put(0)
 
     def close(self) -> None:
         """Leaves the group at once (a standby takes over without waiting for the session

@@ -84,7 +84,7 @@ class Terms:
         timeout_s = self._emitter.config.request_timeout_ms / 1000
         if election is None:
             return 0
-        return election.committed_epoch(self._emitter.admin, timeout_s)
+        return election.committed_epoch(timeout_s)
 
     def keep_epoch(self, epoch: int) -> None:
         if self.election is not None and self.may_publish():
@@ -157,8 +157,8 @@ class Terms:
             server.stop()
 
     def _await_active(self, stop: threading.Event) -> bool:
-        """Stands by until the group makes this emitter the active one in a term it was
-        not fenced in; False at ``stop``."""
+        """Stands by until the group makes this emitter the active one, and a fencing's
+        pause is over; False at ``stop``."""
         election, emitter = self.election, self._emitter
         assert election is not None
         interval_s = emitter.config.poll_interval_ms / 1000
