@@ -395,6 +395,9 @@ def test_broker_stopped_and_started_again_gives_no_wrong_marker(tmp_path: Any, h
             control_topic=control,
             idle_timeout_ms=int(idle_timeout_s * 1000),
             kafka_config={"reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "500"},
+            # Its group membership outlasts the outage: it stays the active emitter and
+            # polls blind (with the default 10 s it may stand down, and start again after).
+            session_timeout_ms=120_000,
         )
         produce_one(bootstrap, "outage", 0, count=2)
         # (A topic just created may be listed without its partition at the first polls.)
