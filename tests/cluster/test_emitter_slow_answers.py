@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import signal
 import threading
 import time
 import uuid
@@ -33,13 +31,13 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from slackwater.kafka_broker import KafkaBroker
 from slackwater.kafka_cluster import KafkaCluster
 from slackwater.markers import Marker, MarkerStatus
 from tests.conftest import CLUSTER_SETTINGS
 from tests.harness.cluster import FAULT_DEADLINE_S, in_sync, leader_now
 from tests.harness.emitter import RunningEmitter, commit, control_markers, start_emitter
 from tests.harness.factories import wait_until
+from tests.harness.process import stopped_node
 
 IDLE = MarkerStatus.IDLE
 IDLE_TIMEOUT_MS = 6_000
@@ -75,29 +73,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     finally:
         gc.collect()
         kafka.stop()
-
-
-def _pid(node: KafkaBroker) -> int:
-    """The node's JVM, found by its configuration file (the launcher's own argument).
-    (tests/kafka/test_observer.py has the same: a test imports no other test.)"""
-    assert node.log_dir is not None
-    wanted = str(node.log_dir / "server.properties").encode()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if wanted in cmdline.read_bytes().split(b"\0"):
-                return int(cmdline.parent.name)
-    raise AssertionError(f"no process for node {node.node_id}")
-
-
-@contextlib.contextmanager
-def stopped(node: KafkaBroker) -> Iterator[None]:
-    """The node SIGSTOPped: its connections stay open and its answers do not come."""
-    pid = _pid(node)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def _until(at_s: float) -> None:
@@ -342,7 +317,7 @@ def test_no_idle_before_idle_timeout_of_real_stillness_while_a_request_is_slowed
             wait_until(lambda: _log_end(running, layout.quiet) == 1, STOP_AFTER_S, "seen")
             _describe_topics_sent_to(running, layout.stop)
         _until(acked_s + STOP_AFTER_S)
-        with stopped(node):
+        with stopped_node(node):
             if layout.nudged is not None:
                 writer.write(layout.nudged)  # its changed log end asks the topic's id
             _until(acked_s + SECOND_RECORD_AFTER_S)

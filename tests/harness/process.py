@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from slackwater.kafka_broker import KafkaBroker
 from tests.harness.spark_checkpoint import batch_ids
 
 
@@ -91,3 +92,27 @@ def kill_inside_a_batch(process: subprocess.Popen[bytes], checkpoint: Path, log:
                     return max(in_flight)
         time.sleep(0.005)
     raise AssertionError("no batch planned in 600 s")
+
+
+def node_pid(node: KafkaBroker) -> int:
+    """The node's JVM, found by its configuration file (the launcher's own argument).
+    (tests/kafka/test_observer.py has the same: a test imports no other test.)"""
+    assert node.log_dir is not None
+    wanted = str(node.log_dir / "server.properties").encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if wanted in cmdline.read_bytes().split(b"\0"):
+                return int(cmdline.parent.name)
+    raise AssertionError(f"no process for node {node.node_id}")
+
+
+@contextlib.contextmanager
+def stopped_node(node: KafkaBroker) -> Iterator[None]:
+    """The node SIGSTOPped for the body, continued after it, whatever happens: its
+    connections stay open and its answers do not come."""
+    pid = node_pid(node)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -3,12 +3,7 @@ answer stamped and carried (issue 42)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +16,7 @@ from slackwater.kafka_broker import KafkaBroker
 from tests.conftest import TopicFactory
 from tests.harness.emitter import commit, produce_one
 from tests.harness.factories import wait_until
+from tests.harness.process import stopped_node
 
 
 def test_log_ends_and_group_offsets_across_batches(
@@ -66,28 +62,6 @@ def test_metadata_is_reread_only_every_interval(
 # connections stay open, its answers do not come).
 
 
-def _pid(node: KafkaBroker) -> int:
-    """The node's JVM, found by its configuration file (the launcher's own argument)."""
-    assert node.log_dir is not None
-    wanted = str(node.log_dir / "server.properties").encode()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if wanted in cmdline.read_bytes().split(b"\0"):
-                return int(cmdline.parent.name)
-    raise AssertionError(f"no process for node {node.node_id}")
-
-
-@contextlib.contextmanager
-def stopped(node: KafkaBroker) -> Iterator[None]:
-    """The node SIGSTOPped for the body, continued after it, whatever happens."""
-    pid = _pid(node)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
 class CountingAdmin:
     """The real Admin client, with the group's DescribeGroups requests counted."""
 
@@ -123,7 +97,7 @@ def test_a_group_answer_slower_than_the_request_timeout_is_carried_and_taken(
             metadata_interval_s=3_600.0,
         )
         assert observer.observe([topic], group).assignment is not None
-        with stopped(broker):
+        with stopped_node(broker):
             first = observer.observe([topic], group)  # sends one, waits 1 s, carries it
             assert first.assignment is None and counting.described == 2
             assert first.log_end_offsets == {}  # (ListOffsets unanswered: not a log end)
