@@ -120,6 +120,20 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "log.message.timestamp.after.max.ms)",
     )
     parser.add_argument(
+        "--max-offsets-per-trigger",
+        dest="max_offsets_per_trigger",
+        type=int,
+        metavar="N",
+        help="at most N records a batch (the source's maxOffsetsPerTrigger; default: all)",
+    )
+    parser.add_argument(
+        "--max-watermark-drift",
+        dest="max_watermark_drift_ms",
+        metavar="off|5m",
+        help="watermark alignment: no records for a partition this far ahead of the slowest "
+        "ACTIVE one (default off; docs/source.md)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         default=None,

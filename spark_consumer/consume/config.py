@@ -58,6 +58,12 @@ class ConsumerConfig(KafkaSettings):
     max_event_time_ahead_ms: Annotated[int | None, BeforeValidator(parse_optional_duration_ms)] = (
         MAX_EVENT_TIME_AHEAD_MS
     )
+    # A batch's size, and watermark alignment (docs/source.md): the source's
+    # maxOffsetsPerTrigger and maxWatermarkDrift.
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    max_watermark_drift_ms: Annotated[int | None, BeforeValidator(parse_optional_duration_ms)] = (
+        None
+    )
     compare: bool = False
     # A one-off backfill that ends: every partition read to the log end seen at the start,
     # FINISHED there, every window written (the source's endingOffsets=latest under

@@ -140,6 +140,10 @@ def source_keywords(config: ConsumerConfig) -> StreamKeywords:
         if config.consumer_idle_timeout_ms is None
         else f"{config.consumer_idle_timeout_ms}ms",
         "ending_offsets": "latest" if config.backfill else None,
+        "max_offsets_per_trigger": config.max_offsets_per_trigger,
+        "max_watermark_drift": None
+        if config.max_watermark_drift_ms is None
+        else f"{config.max_watermark_drift_ms}ms",
     }
 
 

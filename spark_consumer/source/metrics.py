@@ -87,6 +87,16 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Markers for partitions the broker does not list, held until they appear.",
         (),
     ),
+    "alignment_partitions_held": (
+        "Partitions the last batch planned no records for: more than maxWatermarkDrift "
+        "ahead of the slowest ACTIVE partition (absent with the option off).",
+        (),
+    ),
+    "alignment_furthest_ahead_ms": (
+        "How far the watermark of the partition furthest ahead, among those with records "
+        "to read, is above the slowest ACTIVE partition's (absent with maxWatermarkDrift off).",
+        (),
+    ),
 }
 
 
@@ -148,6 +158,11 @@ def _add_offset(offset: SourceOffset, name: str, gauges: dict[str, GaugeMetricFa
     gauges["markers_pending"].add_metric([name], pending)
     gauges["progress_wait_seconds"].add_metric([name], offset.progress_wait_ms / 1000)
     gauges["markers_held"].add_metric([name], len(offset.held))
+    if offset.alignment:  # maxWatermarkDrift on
+        gauges["alignment_partitions_held"].add_metric([name], offset.alignment["held"])
+        furthest = offset.alignment.get("furthest_ahead_ms")
+        if furthest is not None:
+            gauges["alignment_furthest_ahead_ms"].add_metric([name], float(furthest))
 
 
 # Counters kept in the offset (the source's own and the aligner's), cumulative across

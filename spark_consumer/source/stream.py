@@ -112,6 +112,8 @@ class StreamKeywords(TypedDict, total=False):
     max_event_time_ahead: str | None  # maxEventTimeAhead
     consumer_idle_timeout: str | None  # consumerIdleTimeout
     ending_offsets: str | None  # endingOffsets: a bounded run (availableNow)
+    max_offsets_per_trigger: int | None  # maxOffsetsPerTrigger
+    max_watermark_drift: str | None  # maxWatermarkDrift: watermark alignment
 
 
 def read_stream(
@@ -149,6 +151,7 @@ def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
     }
     topics = keywords.get("topics")
     fail_on_data_loss = keywords.get("fail_on_data_loss")
+    max_offsets = keywords.get("max_offsets_per_trigger")
     optional = {
         "subscribe": None if topics is None else ",".join(topics),
         "subscribePattern": keywords.get("topic_pattern"),
@@ -161,6 +164,8 @@ def stream_options(**keywords: Unpack[StreamKeywords]) -> dict[str, str]:
         "maxEventTimeAhead": keywords.get("max_event_time_ahead"),
         "consumerIdleTimeout": keywords.get("consumer_idle_timeout"),
         "endingOffsets": keywords.get("ending_offsets"),
+        "maxOffsetsPerTrigger": None if max_offsets is None else str(max_offsets),
+        "maxWatermarkDrift": keywords.get("max_watermark_drift"),
     }
     given.update({name: value for name, value in optional.items() if value is not None})
     kafka_config = keywords.get("kafka_config") or {}

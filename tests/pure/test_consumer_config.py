@@ -96,3 +96,18 @@ def test_the_job_hands_its_settings_to_the_source_as_options() -> None:
     parsed = SourceOptions.parse(source_options(_load(max_event_time_ahead_ms="2h")))
     assert (parsed.fail_on_data_loss, parsed.max_event_time_ahead_ms) == (True, 7_200_000)
     assert parsed.topics == ("orders",) and parsed.control_topic == "ctl"
+
+
+def test_batch_size_and_watermark_alignment_reach_the_source() -> None:
+    from spark_consumer.consume.job import source_options
+    from spark_consumer.source.shared.options import SourceOptions
+
+    default = SourceOptions.parse(source_options(_load()))
+    assert (default.max_offsets_per_trigger, default.max_watermark_drift_ms) == (None, None)
+    config = _load(max_offsets_per_trigger=500, max_watermark_drift_ms="5m")
+    parsed = SourceOptions.parse(source_options(config))
+    assert (parsed.max_offsets_per_trigger, parsed.max_watermark_drift_ms) == (500, 300_000)
+    with pytest.raises(ConfigError, match="'max_offsets_per_trigger'"):
+        _load(max_offsets_per_trigger=0)
+    with pytest.raises(ConfigError, match="'max_watermark_drift_ms'"):
+        _load(max_watermark_drift_ms="soon")

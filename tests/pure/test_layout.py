@@ -544,6 +544,10 @@ TESTED_IN = {
     "spark_consumer/source/stream.py": ["spark/test_source.py", "spark/test_source_connect.py"],
     "spark_consumer/source/metrics.py": ["spark/test_source.py"],
     "spark_consumer/source/driver/plan_answers.py": ["pure/test_plan.py"],
+    "spark_consumer/source/driver/batch_ends.py": [
+        "pure/test_watermark_alignment.py",
+        "pure/test_plan.py",
+    ],
     "spark_consumer/source/driver/progress_topic.py": ["kafka/test_progress_collector.py"],
     "spark_consumer/source/executor/reader_clients.py": ["kafka/test_readers.py"],
     "spark_consumer/source/wire/offset_error.py": [

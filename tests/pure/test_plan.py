@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from slackwater.markers import MarkerStatus
 from spark_consumer.alignment import MarkerAligner, PartitionBatch
+from spark_consumer.source.driver.batch_ends import rate_limit
 from spark_consumer.source.driver.plan import (
     PlanMemory,
     nothing_new_since,
-    rate_limit,
     records_between,
     same_batch,
 )

@@ -1,5 +1,5 @@
-"""The plan: the driver's view between two ``latestOffset`` calls, the offset it becomes,
-and what a batch may read (rate limiting). Pure: no Kafka client here.
+"""The plan: the driver's view between two ``latestOffset`` calls and the offset it becomes
+(what a batch may read: batch_ends.py). Pure: no Kafka client here.
 
 Every part of a plan is in the offset it becomes (``SourceOffset`` says what each part is
 for): Spark logs that offset before running the batch, so a replay plans the same batch
@@ -15,15 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
-
-from slackwater.markers import Marker, TopicPartitionKey
+from slackwater.markers import Marker
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source.shared.options import SourceError, channel
 from spark_consumer.source.wire.offset import (
     Offsets,
     SourceOffset,
-    ranges,
     unreadable,
 )
 from spark_consumer.source.wire.offset_error import OffsetFormatError
@@ -73,6 +70,7 @@ def make_offset(
     tasks: int | None = None,
     kafka: dict[str, Any] | None = None,
     planned_with: dict[str, Any] | None = None,
+    alignment: dict[str, Any] | None = None,
 ) -> SourceOffset:
     """One batch's offset: the batch reads ``from_data`` to ``data`` (the plan's data);
     ``planned_with``: the options it is planned with (restart_options.planned_with)."""
@@ -100,6 +98,7 @@ def make_offset(
         tasks=tasks,
         kafka=kafka or {},
         planned_with=planned_with or {},
+        alignment=alignment or {},
     )
 
 
@@ -208,20 +207,6 @@ def same_batch(start: SourceOffset, offset: SourceOffset) -> bool:
     )
 
 
-def data_ends(data: Offsets, latest: dict[TopicPartitionKey, int], limit: ReadLimit) -> Offsets:
-    """Where the batch's ranges end: the log ends, within the read limit."""
-    ends: Offsets = {}
-    for topic, partitions in data.items():
-        for partition, begin in partitions.items():
-            # Never go backwards from what was read (offsets that went back stand
-            # still until their earliest offset is known: topic_partitions.follow).
-            end = max(begin, latest.get((topic, int(partition)), begin))
-            ends.setdefault(topic, {})[partition] = end
-    if isinstance(limit, ReadMaxRows):
-        ends = rate_limit(data, ends, limit.max_rows)
-    return ends
-
-
 def records_between(begin: Offsets, end: Offsets) -> int:
     """Records from ``begin`` to ``end`` over every partition; what ``ranges`` would sum,
     without sorting 10,000 of them on every plan (the offset sorts them once, later)."""
@@ -230,16 +215,3 @@ def records_between(begin: Offsets, end: Offsets) -> int:
         for topic, partitions in end.items()
         for partition, finish in partitions.items()
     )
-
-
-def rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
-    """At most ``max_records`` in all, shared in proportion to what each partition has."""
-    batch_ranges = ranges(begin, end)
-    total = sum(b - a for _, _, a, b in batch_ranges)
-    if total <= max_records:
-        return end
-    limited = {t: dict(p) for t, p in end.items()}
-    for topic, partition, a, b in batch_ranges:
-        share = max(1, (b - a) * max_records // total)
-        limited[topic][str(partition)] = min(b, a + share)
-    return limited

@@ -22,13 +22,13 @@ from pyspark.sql.streaming.datasource import (
 from slackwater.markers import Marker, TopicPartitionKey
 from spark_consumer.alignment import MarkerAligner
 from spark_consumer.source.driver import planner_process, restart_options, topic_partitions
+from spark_consumer.source.driver.batch_ends import batch_ends
 from spark_consumer.source.driver.control_reader import ControlReader
 from spark_consumer.source.driver.partition_identity import PartitionIdentity
 from spark_consumer.source.driver.plan import (
     Plan,
     PlanMemory,
     Watermarks,
-    data_ends,
     make_offset,
     nothing_new_since,
     plan_of,
@@ -190,23 +190,7 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         topic_partitions.drop_vanished(plan, now, self.identity)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH
         # 6. The data to read next, and the valve's output planned into its synthetic row.
-        # (The run's view again: topic_partitions.follow takes out log ends it cannot plan on.)
-        ends = data_ends(plan.data, self.run.capped(now).latest, limit)
-        offset = make_offset(
-            plan,
-            Watermarks(
-                planned=plan.aligner.valve.watermark,
-                late_threshold=start.watermark,
-                previous_threshold=start.late_threshold,
-                previous_batch_id=start_batch_id,
-            ),
-            from_data=plan.data,
-            data=ends,
-            max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
-            tasks=self.options.tasks_for(records_between(plan.data, ends)),
-            kafka=self.identity.kept(ends),
-            planned_with={**self._planned_with, **self.run.kept()},
-        )
+        offset = self._next_offset(plan, start, self.run.capped(now).latest, limit, start_batch_id)
         if same_batch(start, offset) and not self.run.owes_eviction(start):
             self._memory.keep(start, plan.aligner)  # still start's state
             return start_json  # nothing new: no batch
@@ -256,6 +240,37 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     # ------------------------------------------------------------ helpers of the calls
+
+    def _next_offset(
+        self,
+        plan: Plan,
+        start: SourceOffset,
+        latest: dict[TopicPartitionKey, int],
+        limit: ReadLimit,
+        start_batch_id: int | None,
+    ) -> SourceOffset:
+        """The offset of the batch that reads from the plan's positions up to ``latest``
+        (the run's view again: topic_partitions.follow takes out log ends it cannot plan
+        on), less what watermark alignment holds, within ``limit``."""
+        ends, aligned = batch_ends(
+            plan.aligner, plan.data, latest, limit, self.options.max_watermark_drift_ms
+        )
+        return make_offset(
+            plan,
+            Watermarks(
+                planned=plan.aligner.valve.watermark,
+                late_threshold=start.watermark,
+                previous_threshold=start.late_threshold,
+                previous_batch_id=start_batch_id,
+            ),
+            from_data=plan.data,
+            data=ends,
+            max_event_time_ahead_ms=self.options.max_event_time_ahead_ms,
+            tasks=self.options.tasks_for(records_between(plan.data, ends)),
+            kafka=self.identity.kept(ends),
+            alignment=aligned.summary() if aligned else None,
+            planned_with={**self._planned_with, **self.run.kept()},
+        )
 
     def _first_look(self) -> list[TopicPartitionKey]:
         """The subscribed partitions, once the broker answers: without a broker there is

@@ -27,6 +27,7 @@ from slackwater.markers import TopicPartitionKey, partition_key
 from slackwater.settings import parse_duration_ms, parse_optional_duration_ms
 from spark_consumer.source.shared.event_time import MAX_EVENT_TIME_AHEAD_MS, MAX_EVENT_TIME_MS
 from spark_consumer.source.shared.late_rows import LATE_ONLY, LateRule
+from spark_consumer.source.shared.option_names import warn_unknown_options
 
 SOURCE_NAME = "slackwater-kafka"
 # The source's Kafka clients' names: the planner's (planner_client.py) under it, and the readers'
@@ -153,10 +154,14 @@ class SourceOptions:
     # A bounded run (run_ends.py): "latest", or {topic: {partition: offset}} as JSON
     # (-1: the log end at the run's start); None: unbounded.
     ending_offsets: str | None = None
+    # Watermark alignment (Flink's maxAllowedWatermarkDrift, FLIP-182/217): no records are
+    # planned for a partition this far ahead of the slowest (watermark_alignment.py); None: off.
+    max_watermark_drift_ms: int | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
         lowered = {k.lower(): v for k, v in options.items()}
+        warn_unknown_options(options)  # at a query's start, in Spark's planner process
         kafka_config = {
             key[len("kafka.") :]: value
             for key, value in options.items()
@@ -374,11 +379,18 @@ def _watermark_options(lowered: dict[str, str]) -> dict[str, Any]:
         raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
     if idle_timeout_ms is not None and idle_timeout_ms < 1:
         raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
+    try:
+        drift_ms = parse_optional_duration_ms(lowered.get("maxwatermarkdrift"))
+    except ValueError as error:
+        raise SourceError(f"option 'maxWatermarkDrift': {error} (or off)") from None
+    if drift_ms is not None and drift_ms < 0:
+        raise SourceError("option 'maxWatermarkDrift' must not be negative (or off)")
     return {
         "max_out_of_orderness_ms": out_of_orderness_ms,
         "watermark_delay_ms": delay_ms,
         "late_rule": late_rule,
         "consumer_idle_timeout_ms": idle_timeout_ms,
+        "max_watermark_drift_ms": drift_ms,
     }
 
 

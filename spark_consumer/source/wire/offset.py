@@ -113,6 +113,9 @@ class SourceOffset:
     version: int = OFFSET_VERSION
     kafka: dict[str, Any] = field(default_factory=dict)  # topic ids, leader epochs
     planned_with: dict[str, Any] = field(default_factory=dict)  # options: restart_options
+    # Watermark alignment's holds in this batch (watermark_alignment.Alignment.summary);
+    # empty with the option off.
+    alignment: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reading
 
@@ -167,6 +170,7 @@ class SourceOffset:
             version=version,
             kafka=_object(raw.get("kafka")),  # none before issue 31 (skipped if odd)
             planned_with=_object(raw.get("planned_with")),  # none before its finding 7
+            alignment=_object(raw.get("alignment")),  # none before issue 43
         )
 
     def statuses(self) -> dict[str, str]:
@@ -214,6 +218,8 @@ class SourceOffset:
             "kafka": self.kafka,
             "planned_with": self.planned_with,
         }
+        if self.alignment:
+            encoded["alignment"] = self.alignment
         encoded.update(self._state)
         return encoded
 
