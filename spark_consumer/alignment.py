@@ -253,12 +253,16 @@ class MarkerAligner:
         batch: dict[Any, PartitionBatch],
         now_ms: int | None = None,
         unseen: Collection[Hashable] = (),
+        waiting: Collection[Hashable] = (),
     ) -> list[Emitted]:
         """Applies one micro-batch (see the module docstring); returns what the valve emits.
 
         ``now_ms`` (wall time) drives the optional consumer-side idle timeout; the idle
         clocks of ``unseen`` partitions (whose log end the broker did not give) do not
-        run: they start at the first plan that sees the partition again.
+        run: they start at the first plan that sees the partition again. ``waiting``
+        partitions have records past their read position (not read yet, or held back by
+        watermark alignment): records are there, so their clocks start again, as for
+        records read.
         """
         emitted = self.ensure_partitions(batch)
         for partition in sorted(self.partitions, key=_order):
@@ -272,17 +276,24 @@ class MarkerAligner:
             if unseen and partition in unseen:
                 state.last_data_ms = None  # (unchanged while it stays unseen)
             else:
-                emitted += self._consumer_idle_timeout(partition, state, seen, now_ms)
+                waits = partition in waiting
+                emitted += self._consumer_idle_timeout(partition, state, seen, now_ms, waits)
         return emitted
 
     def _consumer_idle_timeout(
-        self, partition: Hashable, state: _Partition, seen: PartitionBatch | None, now_ms: int
+        self,
+        partition: Hashable,
+        state: _Partition,
+        seen: PartitionBatch | None,
+        now_ms: int,
+        waiting: bool = False,
     ) -> list[Emitted]:
         """The fallback without an emitter (Flink's withIdleness): no records for the
-        timeout -> IDLE. Weaker than markers: it cannot tell "no data" from "data not
-        yet read", so a consumer that falls behind may make records late."""
+        timeout -> IDLE. Records past the read position (``waiting``) are records:
+        a partition held back, or not read yet, is not quiet. Weaker than markers all
+        the same: records its producer has not written yet look like none."""
         assert self.consumer_idle_timeout_ms is not None
-        if seen is not None and seen.records:
+        if waiting or (seen is not None and seen.records):
             state.last_data_ms = now_ms
             return []
         if state.last_data_ms is None:

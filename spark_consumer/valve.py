@@ -116,6 +116,12 @@ class StatusWatermarkValve:
     def channel_status(self, channel_id: Hashable) -> WatermarkStatus:
         return self._channel(channel_id).status
 
+    def waits_for(self, channel_id: Hashable) -> bool:
+        """Whether the output waits for the channel: ACTIVE and counted in the minimum
+        (False for a channel the valve does not have)."""
+        channel = self._channels.get(channel_id)
+        return channel is not None and channel.aligned
+
     def channel_aligned(self, channel_id: Hashable) -> bool:
         """Whether the channel counts in the minimum (ACTIVE and caught up with the output)."""
         return self._channel(channel_id).aligned

@@ -94,7 +94,8 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "alignment_furthest_ahead_ms": (
         "How far the watermark of the partition furthest ahead, among those with records "
-        "to read, is above the slowest ACTIVE partition's (absent with maxWatermarkDrift off).",
+        "to read, is above the slowest one the valve waits for (absent with "
+        "maxWatermarkDrift off).",
         (),
     ),
 }

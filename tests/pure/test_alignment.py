@@ -171,6 +171,22 @@ def test_consumer_idle_timeout_fallback_idles_a_silent_partition_until_data() ->
     assert a.status_of(0) is ACTIVE
 
 
+def test_consumer_idle_timeout_counts_records_waiting_past_the_read_position_as_records() -> None:
+    a = MarkerAligner(
+        T, max_out_of_orderness_ms=0, partitions=[0, 1], consumer_idle_timeout_ms=1_000
+    )
+    assert a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0) == [Watermark(10)]
+    # p0 reads nothing for 2 s (held back by watermark alignment, or not read yet) but
+    # its log end is past its read position: not silence, it stays ACTIVE.
+    assert a.advance({1: data(30, 1, 2)}, now_ms=1_000, waiting=[0]) == []
+    assert a.advance({1: data(40, 2, 3)}, now_ms=2_000, waiting=[0]) == []
+    assert a.status_of(0) is ACTIVE and a.counters.consumer_idle_timeouts == 0
+    # Nothing waiting any more: its clock started at the last plan that saw records.
+    assert a.advance({1: data(50, 3, 4)}, now_ms=2_999) == []
+    assert a.advance({}, now_ms=3_000) == [Watermark(50)]
+    assert a.status_of(0) is IDLE
+
+
 def test_consumer_idle_timeout_is_off_without_a_setting() -> None:
     a = aligner()
     a.advance({0: data(10, 0, 1), 1: data(20, 0, 1)}, now_ms=0)

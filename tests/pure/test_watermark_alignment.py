@@ -116,25 +116,31 @@ def test_idle_and_finished_partitions_hold_no_one_back() -> None:
     assert alignment == Alignment(held(), furthest_ahead_ms=5 * MINUTE_MS)
 
 
-def test_an_idle_partition_with_new_records_far_ahead_is_held() -> None:
-    aligner = state({0: 0, 1: 30}, {1: MarkerStatus.IDLE})
-    alignment = align(aligner, positions(0, 1), backlog(p0=20, p1=20), DRIFT_MS)
-    assert alignment.held == held(1)
+def test_an_idle_or_finished_partition_with_records_is_never_held() -> None:
+    # Held, an IDLE one would stay IDLE, and the valve would run past its records.
+    aligner = state({0: 0, 1: 30, 2: 40}, {1: MarkerStatus.IDLE, 2: MarkerStatus.FINISHED})
+    alignment = align(aligner, positions(0, 1, 2), backlog(p0=20, p1=20, p2=20), DRIFT_MS)
+    assert alignment == Alignment(held(), furthest_ahead_ms=0)
 
 
 def test_a_partition_of_unknown_event_time_is_read_and_holds_no_one_back() -> None:
     aligner = state({0: None, 1: 0, 2: 5})
     alignment = align(aligner, positions(0, 1, 2), backlog(p0=20, p1=20, p2=20), DRIFT_MS)
     assert alignment == Alignment(held(), furthest_ahead_ms=5 * MINUTE_MS)
-    # It can move, so the others ahead stay held (no stall: it is read).
+    # Reading it cannot move the reference: the held one is read as the furthest
+    # behind (a partition whose records never carry an event time would starve it).
     aligner = state({0: None, 1: 0, 2: 30})
     alignment = align(aligner, positions(0, 1, 2), backlog(p0=20, p1=10, p2=20), DRIFT_MS)
-    assert alignment == Alignment(held(2), furthest_ahead_ms=30 * MINUTE_MS)
+    assert alignment == Alignment(held(), furthest_ahead_ms=30 * MINUTE_MS)
 
 
 def test_no_reference_no_holds() -> None:
     aligner = state({0: None, 1: 40}, {1: MarkerStatus.IDLE})
     alignment = align(aligner, positions(0, 1), backlog(p0=20, p1=20), DRIFT_MS)
+    assert alignment == Alignment(held(), furthest_ahead_ms=None)
+    # Nothing ACTIVE of known event time can move: nothing to hold, no lead to show.
+    aligner = state({0: 0, 1: 40})
+    alignment = align(aligner, positions(0, 1), backlog(p0=10, p1=10), DRIFT_MS)
     assert alignment == Alignment(held(), furthest_ahead_ms=None)
 
 
@@ -189,16 +195,19 @@ def model_holds(
 ) -> set[int]:
     """docs/source.md's rules, read one by one (drift in minutes: 10)."""
     known = {p: m for p, m in minutes.items() if m is not None}
-    can_move = {p for p in minutes if ends[p] > 10}
-    active_known = [m for p, m in known.items() if statuses[p] is MarkerStatus.ACTIVE]
-    if not active_known:
-        return set()  # nothing to hold to
-    slowest = min(active_known)
-    ahead = {p for p in can_move if p in known and known[p] - slowest > 10}
-    if can_move and ahead == can_move:
-        furthest_behind = min(known[p] for p in can_move)
-        ahead = {p for p in can_move if known[p] - furthest_behind > 10}
-    return ahead
+    # Rule 2: the reference, over ACTIVE partitions of known watermark.
+    active = {p: m for p, m in known.items() if statuses[p] is MarkerStatus.ACTIVE}
+    if not active:
+        return set()
+    reference = min(active.values())
+    # Rule 3: only ACTIVE partitions of known watermark that can move are ever held.
+    candidates = {p: m for p, m in active.items() if ends[p] > 10}
+    held = {p for p, m in candidates.items() if m > reference + 10}
+    # Rule 5: every candidate held -> the furthest behind of them is the reference.
+    if candidates and held == set(candidates):
+        behind = min(candidates.values())
+        held = {p for p, m in candidates.items() if m > behind + 10}
+    return held
 
 
 @given(plans())
@@ -276,3 +285,116 @@ def test_the_metrics_say_how_many_are_held_and_how_far_ahead_the_furthest_is() -
         "slackwater_source_alignment_furthest_ahead_ms" + labels: 30.0 * MINUTE_MS,
     }
     assert _scrape(_offset({})) == {}  # the option off: no series
+
+
+# ---------------------------------------------------------------- a backfill, batch by batch
+
+
+@st.composite
+def backfills(draw: st.DrawFn) -> dict[str, object]:
+    """Partitions whose records are in event-time order, some IDLE at the end of a first
+    backlog, then records for some that are ahead of everything read before (records
+    that came after a quiet spell: none may be late)."""
+    count = draw(st.integers(2, 4))
+    first = {
+        p: sorted(draw(st.lists(st.integers(0, 600), min_size=1, max_size=25)))
+        for p in range(count)
+    }
+    after = max(max(times) for times in first.values())
+    later = {
+        p: sorted(draw(st.lists(st.integers(after, after + 600), max_size=25)))
+        for p in range(count)
+    }
+    return {
+        "first": first,
+        "idle": draw(st.sets(st.sampled_from(range(count)))),
+        "later": later,
+        "drift_minutes": draw(st.integers(0, 30)),
+        "limit": draw(st.integers(1, 20)),
+        "idle_timeout_minutes": draw(st.none() | st.integers(1, 5)),
+    }
+
+
+def _run(
+    aligner: MarkerAligner,
+    records: dict[int, list[int]],
+    position: dict[int, int],
+    run: dict[str, object],
+    clock: list[int],
+) -> tuple[int, int]:
+    """Plans and reads batches as the planner does until every record is read: each
+    plan takes the last batch's progress, then plans (its watermark is the next batch's
+    late threshold). Returns (records of partitions held before, read below their
+    batch's threshold; batches)."""
+    late = batches = 0
+    held_before: set[str] = set()
+    threshold = aligner.valve.watermark
+    last: dict[str, PartitionBatch] = {}
+    while True:
+        clock[0] += MINUTE_MS
+        begin = {"t": {str(p): position[p] for p in records}}
+        latest = {("t", p): len(times) for p, times in records.items()}
+        waiting = {f"t:{p}" for p in records if position[p] < len(records[p])}
+        aligner.advance(last, clock[0], (), waiting)
+        drift = int(run["drift_minutes"]) * MINUTE_MS  # type: ignore[call-overload]
+        ends, alignment = batch_ends(aligner, begin, latest, ReadMaxRows(run["limit"]), drift)  # type: ignore[arg-type]
+        planned = aligner.valve.watermark
+        last = {}
+        for p, times in records.items():
+            end = ends["t"][str(p)]
+            read = times[position[p] : end]
+            if read and str(p) in held_before:
+                late += sum(1 for minute in read if minute * MINUTE_MS < threshold)
+            if read:
+                last[f"t:{p}"] = PartitionBatch(len(read), max(read) * MINUTE_MS, end - 1, end)
+            position[p] = end
+        assert alignment is not None
+        held_before |= {partition for _, partition in alignment.held}
+        if not last:
+            return late, batches
+        batches += 1
+        threshold = planned
+        assert batches <= sum(len(t) for t in records.values()) + 1, "no progress"
+
+
+@given(backfills())
+def test_a_held_partitions_records_are_never_late_and_every_record_is_read_once(
+    run: dict[str, object],
+) -> None:
+    first: dict[int, list[int]] = run["first"]  # type: ignore[assignment]
+    later: dict[int, list[int]] = run["later"]  # type: ignore[assignment]
+    timeout = run["idle_timeout_minutes"]
+    aligner = MarkerAligner(
+        None,
+        0,
+        [f"t:{p}" for p in first],
+        consumer_idle_timeout_ms=None if timeout is None else int(timeout) * MINUTE_MS,  # type: ignore[call-overload]
+        channel_of=lambda marker: f"{marker.topic}:{marker.partition}",
+    )
+    records = {p: list(times) for p, times in first.items()}
+    position = dict.fromkeys(first, 0)
+    clock = [0]
+    late, _ = _run(aligner, records, position, run, clock)
+    # Held, a partition is ACTIVE: the valve waits for it, and its records (in event-time
+    # order) are never below the watermark when they are read.
+    assert late == 0
+    for seq, p in enumerate(sorted(run["idle"])):  # type: ignore[call-overload]
+        marker = Marker(
+            topic="t",
+            partition=p,
+            status=MarkerStatus.IDLE,
+            offset=len(records[p]),
+            emitted_at=0,
+            emitter_id="e",
+            epoch=1,
+            seq=seq,
+        )
+        aligner.offer(marker)
+    aligner.advance({})
+    for p, times in later.items():
+        records[p] += times
+    late, _ = _run(aligner, records, position, run, clock)
+    # Whichever partitions were IDLE meanwhile (never held: the valve would not wait for
+    # their records), and however long a held one waited (not silence: idle timeout).
+    assert late == 0
+    assert position == {p: len(times) for p, times in records.items()}

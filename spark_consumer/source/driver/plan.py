@@ -184,15 +184,20 @@ def nothing_new_since(start: SourceOffset, now: PlanAnswers) -> bool:
     return bool(now.control_ends.items() <= start.control.items())
 
 
-def unseen_channels(data: Offsets, now: PlanAnswers) -> set[str]:
-    """The channels of partitions whose log end the broker did not give this plan: their
-    idle clocks do not run (semantics.md, "Kafka's evidence")."""
-    return {
-        channel(topic, partition)
-        for topic, partitions in data.items()
-        for partition in partitions
-        if (topic, int(partition)) not in now.latest
-    }
+def idle_clock_inputs(data: Offsets, now: PlanAnswers) -> tuple[set[str], set[str]]:
+    """The channels whose idle clocks do not count silence this plan: those whose log end
+    the broker did not give (semantics.md, "Kafka's evidence"), and those whose log end
+    is past the read position (records wait: not read yet, or held by alignment)."""
+    unseen: set[str] = set()
+    waiting: set[str] = set()
+    for topic, partitions in data.items():
+        for partition, position in partitions.items():
+            log_end = now.latest.get((topic, int(partition)))
+            if log_end is None:
+                unseen.add(channel(topic, partition))
+            elif log_end > position:
+                waiting.add(channel(topic, partition))
+    return unseen, waiting
 
 
 def same_batch(start: SourceOffset, offset: SourceOffset) -> bool:

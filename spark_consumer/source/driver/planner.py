@@ -29,12 +29,12 @@ from spark_consumer.source.driver.plan import (
     Plan,
     PlanMemory,
     Watermarks,
+    idle_clock_inputs,
     make_offset,
     nothing_new_since,
     plan_of,
     records_between,
     same_batch,
-    unseen_channels,
 )
 from spark_consumer.source.driver.plan_answers import PlanAnswers
 from spark_consumer.source.driver.planner_client import PlannerClient
@@ -181,11 +181,12 @@ class SlackwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # 5. Progress advances the channels' watermarks and markers apply once the read
         #    position reaches them. The consumer-side idle timeout (off by default)
         #    counts wall time between plans that saw the broker, not for partitions
-        #    whose log end it did not give; a replay uses the logged offset, so this
-        #    never makes a replay differ. Partitions gone from the broker (their last
-        #    batch applied first) leave the valve.
+        #    whose log end it did not give nor those with records past their read
+        #    position (held by alignment, or not read yet); a replay uses the logged
+        #    offset, so this never makes a replay differ. Partitions gone from the
+        #    broker (their last batch applied first) leave the valve.
         now_ms = time.time_ns() // 1_000_000 if self.options.consumer_idle_timeout_ms else None
-        plan.aligner.advance(batch, now_ms, unseen_channels(plan.data, now) if now_ms else ())
+        plan.aligner.advance(batch, now_ms, *(idle_clock_inputs(plan.data, now) if now_ms else ()))
         topic_partitions.drop_unsubscribed(plan, self.options, self.identity)
         topic_partitions.drop_vanished(plan, now, self.identity)
         self.run.finish_ended(plan)  # a bounded run: partitions read to their ends FINISH

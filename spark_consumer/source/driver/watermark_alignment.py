@@ -12,13 +12,20 @@ Pure: a function of the plan's aligner state (in the offset: a restart derives t
 holds), the read positions and the ends the plan could read. The rules, in order::
 
     watermark(p) = newest event time read on p - maxOutOfOrderness  (unknown before any)
-    reference    = min watermark(p) over ACTIVE p with a known watermark
-                   (IDLE and FINISHED partitions hold no one back, as in the valve)
-    held(p)      = p can move (records between its read position and its end)
-                   and watermark(p) is known and > reference + drift
-                   (unknown: read until known)
-    no stall     : when every p that can move is held, the reference is the smallest
-                   watermark among those that can move (the furthest behind is read)
+    waited for   = p is ACTIVE and counts in the valve's minimum (not IDLE, FINISHED,
+                   or ACTIVE again but still behind the valve's output)
+    reference    = min watermark(p) over waited-for p with a known watermark
+    held(p)      = p is waited for, can move (records between its read position and
+                   its end), and watermark(p) is known and > reference + drift
+                   (unknown, or not waited for: read, never held)
+    no stall     : when every waited-for p of known watermark that can move is held,
+                   the reference is the smallest watermark among them (the furthest
+                   behind is read, with those within the drift of it)
+
+Why holding is safe: the valve's output never passes the watermark of a partition it
+waits for, so a held partition's unread records (at or above that watermark, less
+maxOutOfOrderness) are never late. One it does not wait for, held, would see the others
+run past its records (tests/pure/test_watermark_alignment.py draws such backfills).
 
       event time ->   reference         reference + drift
       p0 (ACTIVE)  ------|                   |              read
@@ -55,30 +62,32 @@ class Alignment:
 def align(aligner: MarkerAligner, begin: Offsets, ends: Offsets, max_drift_ms: int) -> Alignment:
     """The partitions to hold in a batch that could read ``begin`` to ``ends``."""
     out_of_orderness_ms = aligner.max_out_of_orderness_ms
-    # Known watermarks of the partitions that can move; the reference's candidates.
+    # The ACTIVE partitions of known watermark that can move: the only ones ever held.
     movable: dict[tuple[str, str], int] = {}
     reference: int | None = None
-    unknown_moves = False  # a partition of unknown event time can move: it is read
+    waited_for = aligner.valve.waits_for
     for topic, partitions in ends.items():
         for partition, end in partitions.items():
-            state = aligner.partitions.get(channel(topic, partition))
-            can_move = end > begin.get(topic, {}).get(partition, end)
+            name = channel(topic, partition)
+            state = aligner.partitions.get(name)
             if state is None or state.newest_event_ms is None:
-                unknown_moves = unknown_moves or can_move
                 continue  # unknown: read until known, and in no one's way
+            if state.status is not MarkerStatus.ACTIVE or not waited_for(name):
+                # Partitions the valve does not wait for (IDLE, FINISHED, or ACTIVE again
+                # but still behind its output) hold no one back, and are never held: the
+                # valve would run past their records while they waited.
+                continue
             watermark = state.newest_event_ms - out_of_orderness_ms
-            # IDLE and FINISHED partitions hold no one back (the valve leaves them out).
-            if state.status is MarkerStatus.ACTIVE:
-                reference = watermark if reference is None else min(reference, watermark)
-            if can_move:
+            reference = watermark if reference is None else min(reference, watermark)
+            if end > begin.get(topic, {}).get(partition, end):
                 movable[(topic, partition)] = watermark
-    if reference is None:
+    if reference is None or not movable:
         return Alignment(frozenset(), None)
-    furthest = max((w - reference for w in movable.values()), default=None)
+    furthest = max(w - reference for w in movable.values())
     held = frozenset(key for key, w in movable.items() if w > reference + max_drift_ms)
-    if movable and len(held) == len(movable) and not unknown_moves:
-        # Never a stall: every partition that can move is held (the ones behind are
-        # at their ends), so the furthest behind that can move is read, and those
+    if len(held) == len(movable):
+        # Never a stall: no partition read could move the reference (the ones behind
+        # are at their ends), so the furthest behind that can move is read, and those
         # within the drift of it.
         behind = min(movable.values())
         held = frozenset(key for key, w in movable.items() if w > behind + max_drift_ms)
