@@ -259,10 +259,12 @@ class MarkerAligner:
 
         ``now_ms`` (wall time) drives the optional consumer-side idle timeout; the idle
         clocks of ``unseen`` partitions (whose log end the broker did not give) do not
-        run: they start at the first plan that sees the partition again. ``waiting``
-        partitions have records past their read position (not read yet, or held back by
-        watermark alignment): records are there, so their clocks start again, as for
-        records read.
+        run: they start at the first plan that sees the partition again. Nor do those of
+        ``waiting`` partitions, whose log end is past their read position (records not
+        read yet, or held back by watermark alignment: records are there, not silence):
+        theirs start at the first plan that finds them read up. Set to None, not to
+        now: a plan that changes nothing else leaves the state as it was, so a run
+        under availableNow can end while records wait past its ends.
         """
         emitted = self.ensure_partitions(batch)
         for partition in sorted(self.partitions, key=_order):
@@ -273,27 +275,21 @@ class MarkerAligner:
             emitted += self._apply_pending(partition, state)
             if now_ms is None or self.consumer_idle_timeout_ms is None:
                 continue
-            if unseen and partition in unseen:
-                state.last_data_ms = None  # (unchanged while it stays unseen)
+            if (unseen and partition in unseen) or (waiting and partition in waiting):
+                state.last_data_ms = None  # (unchanged while it stays so)
             else:
-                waits = partition in waiting
-                emitted += self._consumer_idle_timeout(partition, state, seen, now_ms, waits)
+                emitted += self._consumer_idle_timeout(partition, state, seen, now_ms)
         return emitted
 
     def _consumer_idle_timeout(
-        self,
-        partition: Hashable,
-        state: _Partition,
-        seen: PartitionBatch | None,
-        now_ms: int,
-        waiting: bool = False,
+        self, partition: Hashable, state: _Partition, seen: PartitionBatch | None, now_ms: int
     ) -> list[Emitted]:
         """The fallback without an emitter (Flink's withIdleness): no records for the
-        timeout -> IDLE. Records past the read position (``waiting``) are records:
-        a partition held back, or not read yet, is not quiet. Weaker than markers all
-        the same: records its producer has not written yet look like none."""
+        timeout -> IDLE. Records waiting past the read position do not count as silence
+        (``advance``); weaker than markers all the same: records its producer has not
+        written yet look like none."""
         assert self.consumer_idle_timeout_ms is not None
-        if waiting or (seen is not None and seen.records):
+        if seen is not None and seen.records:
             state.last_data_ms = now_ms
             return []
         if state.last_data_ms is None:

@@ -89,12 +89,12 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "alignment_partitions_held": (
         "Partitions the last batch planned no records for: more than maxWatermarkDrift "
-        "ahead of the slowest ACTIVE partition (absent with the option off).",
+        "ahead of the slowest partition the valve waits for (absent with the option off).",
         (),
     ),
     "alignment_furthest_ahead_ms": (
-        "How far the watermark of the partition furthest ahead, among those with records "
-        "to read, is above the slowest one the valve waits for (absent with "
+        "How far the watermark of the partition furthest ahead, among those the valve waits "
+        "for that have records to read, is above the slowest one the valve waits for (absent with "
         "maxWatermarkDrift off).",
         (),
     ),

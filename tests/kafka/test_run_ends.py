@@ -85,3 +85,27 @@ def test_a_bounded_run_restarted_with_its_ends_spelt_otherwise_goes_on_and_reads
             other.plan()
     finally:
         other.stop()
+
+
+def test_a_bounded_run_ends_under_the_idle_timeout_with_records_past_its_ends(
+    broker: KafkaBroker, new_topic: TopicFactory
+) -> None:
+    # Records past the run's ends wait on the broker: not silence for the idle clock,
+    # which stops there rather than change the state at every plan (a run whose plans
+    # never return their start never ends).
+    topic, control, write = setup(broker, new_topic, 1)
+    write.data(0, *range(6))
+    given = options(
+        broker.bootstrap_servers,
+        topic,
+        control,
+        endingOffsets=json.dumps({topic: {"0": 3}}),
+        consumerIdleTimeout="1ms",
+    )
+    driven = _run(given)
+    try:
+        _to_its_end(driven)
+        assert [r["offset"] for r in driven.rows if r["topic"]] == [0, 1, 2]
+        assert driven.statuses() == {f"{topic}:0": "FINISHED"}
+    finally:
+        driven.stop()

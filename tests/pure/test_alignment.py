@@ -179,11 +179,16 @@ def test_consumer_idle_timeout_counts_records_waiting_past_the_read_position_as_
     # p0 reads nothing for 2 s (held back by watermark alignment, or not read yet) but
     # its log end is past its read position: not silence, it stays ACTIVE.
     assert a.advance({1: data(30, 1, 2)}, now_ms=1_000, waiting=[0]) == []
-    assert a.advance({1: data(40, 2, 3)}, now_ms=2_000, waiting=[0]) == []
+    assert a.advance({}, now_ms=2_000, waiting=[0, 1]) == []
+    before = a.snapshot()
+    assert a.advance({}, now_ms=9_000, waiting=[0, 1]) == []
     assert a.status_of(0) is ACTIVE and a.counters.consumer_idle_timeouts == 0
-    # Nothing waiting any more: its clock started at the last plan that saw records.
-    assert a.advance({1: data(50, 3, 4)}, now_ms=2_999) == []
-    assert a.advance({}, now_ms=3_000) == [Watermark(50)]
+    # Waiting changes no state (an availableNow run whose ends it waits past can end).
+    assert a.snapshot() == before
+    # Read up: the clocks start at the first plan that finds them so.
+    assert a.advance({1: data(40, 2, 3)}, now_ms=9_500) == []
+    assert a.advance({1: data(50, 3, 4)}, now_ms=10_499) == []
+    assert a.advance({1: data(60, 4, 5)}, now_ms=10_500) == [Watermark(50), Watermark(60)]
     assert a.status_of(0) is IDLE
 
 

@@ -14,6 +14,7 @@ from spark_consumer.alignment import MarkerAligner, PartitionBatch
 from spark_consumer.source.driver.batch_ends import rate_limit
 from spark_consumer.source.driver.plan import (
     PlanMemory,
+    idle_clock_inputs,
     nothing_new_since,
     records_between,
     same_batch,
@@ -161,3 +162,11 @@ def test_records_between_is_what_the_ranges_hold(spans: dict[int, tuple[int, int
     begin = {"t": {str(p): a for p, (a, _) in spans.items()}}
     end = {"t": {str(p): b for p, (_, b) in spans.items()}, "u": {"0": 3}}
     assert records_between(begin, end) == sum(b - a for _, _, a, b in ranges(begin, end))
+
+
+def test_idle_clocks_skip_partitions_unseen_or_with_records_past_the_read_position() -> None:
+    data = {"a": {"0": 5, "1": 5, "2": 5}, "b": {"0": 0}}
+    # a:0 read up; a:1 has records waiting (held back, or not read yet); a:2 went back
+    # (a log end below the position is not news of records); b:0 not given this plan.
+    now = _now({("a", 0): 5, ("a", 1): 9, ("a", 2): 3})
+    assert idle_clock_inputs(data, now) == ({"b:0"}, {"a:1"})

@@ -123,6 +123,18 @@ def test_an_idle_or_finished_partition_with_records_is_never_held() -> None:
     assert alignment == Alignment(held(), furthest_ahead_ms=0)
 
 
+def test_a_partition_active_again_behind_the_output_is_neither_held_nor_the_reference() -> None:
+    # p0 went IDLE, the output passed it (30), and data made it ACTIVE again at 5: the
+    # valve does not wait for it until it catches up, so neither does alignment.
+    aligner = state({0: 0, 1: 30, 2: 60}, {0: MarkerStatus.IDLE})
+    aligner.advance({"t:0": PartitionBatch(5, 5 * MINUTE_MS, 14, 15)})
+    assert aligner.status_of("t:0") is MarkerStatus.ACTIVE
+    assert not aligner.valve.waits_for("t:0") and aligner.valve.watermark == 30 * MINUTE_MS
+    begin = {"t": {"0": 15, "1": 10, "2": 10}}
+    alignment = align(aligner, begin, backlog(p0=20, p1=20, p2=20), DRIFT_MS)
+    assert alignment == Alignment(held(2), furthest_ahead_ms=30 * MINUTE_MS)
+
+
 def test_a_partition_of_unknown_event_time_is_read_and_holds_no_one_back() -> None:
     aligner = state({0: None, 1: 0, 2: 5})
     alignment = align(aligner, positions(0, 1, 2), backlog(p0=20, p1=20, p2=20), DRIFT_MS)
