@@ -131,7 +131,7 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         dest="max_watermark_drift_ms",
         metavar="off|5m",
         help="watermark alignment: no records for a partition this far ahead of the slowest "
-        "ACTIVE one (default off; docs/source.md)",
+        "one the valve waits for (default off; docs/source.md)",
     )
     parser.add_argument(
         "--compare",
