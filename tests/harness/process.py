@@ -66,6 +66,16 @@ def _running_threads(group: int) -> list[str]:
     return running
 
 
+def _running_tasks(pid: int) -> list[str]:
+    """The threads of one process that have not stopped: "tid state"."""
+    running = []
+    for task in Path(f"/proc/{pid}/task").glob("*/stat"):
+        fields = _stat_fields(task)
+        if fields is not None and fields[0] not in ("T", "t", "Z", "X"):
+            running.append(f"{task.parent.name} {fields[0]}")
+    return running
+
+
 def _stat_fields(stat: Path) -> list[str] | None:
     """The fields of a /proc stat file after the command name (None: the process is gone)."""
     try:
@@ -113,6 +123,13 @@ def stopped_node(node: KafkaBroker) -> Iterator[None]:
     pid = node_pid(node)
     os.kill(pid, signal.SIGSTOP)
     try:
+        # The stop takes each thread when it is next scheduled: on a busy machine the
+        # JVM went on answering for a moment after kill() returned (a ListOffsets sent
+        # "while stopped" was answered). The body starts once every thread has stopped.
+        deadline = time.monotonic() + 30.0
+        while _running_tasks(pid):
+            assert time.monotonic() < deadline, f"node {node.node_id}: {_running_tasks(pid)}"
+            time.sleep(0.001)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
