@@ -37,12 +37,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.topics import create_led, produce_waiting
+from bench.topics import create_led, produce_event_times
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import Marker, MarkerStatus, encode
 from spark_consumer.consume.job import spark_session
@@ -75,26 +75,9 @@ def produce(bootstrap: str, topic: str, minutes: int, rate: int) -> dict[int, in
     plan = {p: event_times(rate, minutes * 60) for p in BUSY}
     plan |= {p: event_times(IDLE_RATE, IDLE_UNTIL_S) for p in IDLE}
     plan[FINISHED] = event_times(rate, FINISHED_UNTIL_S)
-    for partition, times in plan.items():
-        for index, event_ms in enumerate(times):
-            produce_waiting(
-                producer,
-                topic,
-                key=b"k%d" % (index % 10),
-                value=b"{}",
-                partition=partition,
-                timestamp=event_ms,
-            )
-        producer.poll(0)
-    assert producer.flush(120) == 0, "records left unsent"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "backfill-bench"})
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-        for p in range(PARTITIONS)
-    }
-    consumer.close()
-    assert ends == {p: len(times) for p, times in plan.items()}, ends
-    return ends
+    return produce_event_times(
+        producer, bootstrap, topic, plan, lambda _, index: b"k%d" % (index % 10)
+    )
 
 
 def write_markers(bootstrap: str, control: str, topic: str, ends: dict[int, int]) -> None:

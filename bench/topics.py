@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from slackwater import kafka_clients
@@ -44,3 +45,34 @@ def produce_waiting(producer: Producer, topic: str, **record: Any) -> None:
             return
         except BufferError:
             producer.poll(0.05)
+
+
+def produce_event_times(
+    producer: Producer,
+    bootstrap: str,
+    topic: str,
+    plan: dict[int, list[int]],
+    key_of: Callable[[int, int], bytes],
+) -> dict[int, int]:
+    """Writes ``plan``'s records (partition -> event times, ms, as Kafka timestamps) with
+    the keys ``key_of(partition, index)`` gives, in order; returns each partition's log
+    end, checked to hold them all."""
+    for partition, times in plan.items():
+        for index, event_ms in enumerate(times):
+            produce_waiting(
+                producer,
+                topic,
+                key=key_of(partition, index),
+                value=b"{}",
+                partition=partition,
+                timestamp=event_ms,
+            )
+        producer.poll(0)
+    assert producer.flush(120) == 0, "records left unsent"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in plan
+    }
+    consumer.close()
+    assert ends == {p: len(times) for p, times in plan.items()}, ends
+    return ends

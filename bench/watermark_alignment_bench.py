@@ -41,13 +41,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.backfill_bench import Run, run, slackwater, spark_kafka
-from bench.topics import create_led, produce_waiting
+from bench.topics import create_led, produce_event_times
 from slackwater.kafka_broker import KafkaBroker
 from spark_consumer.consume.job import spark_session
 
@@ -88,27 +88,10 @@ def produce(bootstrap: str, topic: str, rate: float, keys: int) -> dict[int, int
         }
     )
     plan = {p: event_times(rate, span_s) for p, span_s in SPAN_S.items()}
-    for partition, times in plan.items():
-        chosen = random.Random(partition)  # the same keys in every run
-        for event_ms in times:
-            produce_waiting(
-                producer,
-                topic,
-                key=b"k%d" % chosen.randrange(keys),
-                value=b"{}",
-                partition=partition,
-                timestamp=event_ms,
-            )
-        producer.poll(0)
-    assert producer.flush(120) == 0, "records left unsent"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "alignment-bench"})
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-        for p in range(PARTITIONS)
-    }
-    consumer.close()
-    assert ends == {p: len(times) for p, times in plan.items()}, ends
-    return ends
+    chosen = {p: random.Random(p) for p in plan}  # the same keys in every run
+    return produce_event_times(
+        producer, bootstrap, topic, plan, lambda p, _: b"k%d" % chosen[p].randrange(keys)
+    )
 
 
 def counted(events: DataFrame, time_column: str) -> DataFrame:
