@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
@@ -186,3 +186,20 @@ def spark(broker: KafkaBroker) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def jvm_stderr(spark: Any, tmp_path: Path) -> Iterator[Path]:
+    """A file that receives what the Python processes Spark starts during the test write
+    to stderr (the JVM copies a process's stderr to its ``System.err`` of the time the
+    process starts)."""
+    jvm: Any = spark._jvm
+    path = tmp_path / "stderr.txt"
+    stream = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(str(path)), True)
+    before = jvm.java.lang.System.err
+    jvm.java.lang.System.setErr(stream)
+    try:
+        yield path
+    finally:
+        jvm.java.lang.System.setErr(before)
+        stream.close()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,23 +133,6 @@ def test_the_checkpoint_records_no_options_and_no_topic_ids() -> None:
     decoded = SourceOffset.decode(offset)
     assert len(decoded.ranges()) == 2
     assert (OLD / "checkpoint" / "commits" / "5").exists()
-
-
-@pytest.fixture
-def jvm_stderr(spark: SparkSession, tmp_path: Path) -> Iterator[Path]:
-    """A file that receives what the Python processes Spark starts during the test write
-    to stderr (the JVM copies a process's stderr to its ``System.err`` of the time the
-    process starts)."""
-    jvm: Any = spark._jvm
-    path = tmp_path / "stderr.txt"
-    stream = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(str(path)), True)
-    before = jvm.java.lang.System.err
-    jvm.java.lang.System.setErr(stream)
-    try:
-        yield path
-    finally:
-        jvm.java.lang.System.setErr(before)
-        stream.close()
 
 
 def _restart(

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
@@ -28,23 +26,6 @@ def _planned_to(progress: dict[str, Any], topic: str) -> dict[str, int] | None:
     """Where a batch's offset plans ``topic``'s partitions to."""
     end = progress["sources"][0]["endOffset"]
     return SourceOffset.decode(json.loads(end) if isinstance(end, str) else end).data.get(topic)
-
-
-@pytest.fixture
-def jvm_stderr(spark: SparkSession, tmp_path: Path) -> Iterator[Path]:
-    """A file that receives what the Python processes Spark starts during the test write
-    to stderr (the JVM copies a process's stderr to its ``System.err`` of the time the
-    process starts)."""
-    jvm: Any = spark._jvm
-    path = tmp_path / "stderr.txt"
-    stream = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(str(path)), True)
-    before = jvm.java.lang.System.err
-    jvm.java.lang.System.setErr(stream)
-    try:
-        yield path
-    finally:
-        jvm.java.lang.System.setErr(before)
-        stream.close()
 
 
 def test_a_misspelt_option_is_one_line_on_the_jobs_stderr_and_ignored(
