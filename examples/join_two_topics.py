@@ -34,7 +34,13 @@ def orders_with_payments(
         control_topic=control,
         max_out_of_orderness="1s",
         event_time_field="ts",
-    ).filter(F.col("event_time").isNotNull())
+    )
+    return orders_joined_with_payments(events, orders, payments)
+
+
+def orders_joined_with_payments(events: DataFrame, orders: str, payments: str) -> DataFrame:
+    """The join itself, on the source's rows of both topics (the valve's watermark applied)."""
+    events = events.filter(F.col("event_time").isNotNull())
     value = F.col("value").cast("string")
     order_rows = events.filter(F.col("topic") == orders).select(
         F.get_json_object(value, "$.order").alias("order_id"),

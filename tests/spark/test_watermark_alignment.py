@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
+from examples.join_two_topics import orders_joined_with_payments
 from slackwater.kafka_broker import KafkaBroker
 from slackwater.markers import MarkerStatus
 from spark_consumer.consume.job import committed_rows
@@ -171,28 +171,6 @@ def test_a_bounded_run_holds_back_and_ends_with_every_window(
     assert set(batches[-1].offset.statuses().values()) == {"FINISHED"}
 
 
-def _orders_with_payments(events: DataFrame, orders: str, payments: str) -> DataFrame:
-    """examples/join_two_topics.py's join: each order with its payment within 10 s."""
-    events = events.filter(F.col("event_time").isNotNull())
-    value = F.col("value").cast("string")
-    order_rows = events.filter(F.col("topic") == orders).select(
-        F.get_json_object(value, "$.order").alias("order_id"),
-        F.col("event_time").alias("order_time"),
-    )
-    payment_rows = events.filter(F.col("topic") == payments).select(
-        F.get_json_object(value, "$.order").alias("paid_order"),
-        F.col("event_time").alias("paid_at"),
-    )
-    return order_rows.join(
-        payment_rows,
-        F.expr(
-            "paid_order = order_id AND paid_at >= order_time "
-            "AND paid_at <= order_time + interval 10 seconds"
-        ),
-        "leftOuter",
-    ).select("order_id", "order_time", "paid_at")
-
-
 def test_a_join_of_two_topics_holds_the_topic_ahead_and_joins_every_order_once(
     spark: SparkSession, broker: KafkaBroker, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
@@ -227,7 +205,7 @@ def test_a_join_of_two_topics_holds_the_topic_ahead_and_joins_every_order_once(
         maxOffsetsPerTrigger="30",
     )
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
-    query = start_json(_orders_with_payments(frame, orders, payments), checkpoint, output)
+    query = start_json(orders_joined_with_payments(frame, orders, payments), checkpoint, output)
     try:
         settle(query)
     finally:
