@@ -373,25 +373,27 @@ def _watermark_options(lowered: dict[str, str]) -> dict[str, Any]:
         late_rule = LateRule.parse(lowered.get("laterule", "late"))
     except ValueError as error:
         raise SourceError(f"option 'lateRule': {error}") from None
-    try:
-        idle_timeout_ms = parse_optional_duration_ms(lowered.get("consumeridletimeout"))
-    except ValueError as error:
-        raise SourceError(f"option 'consumerIdleTimeout': {error} (or off)") from None
+    idle_timeout_ms = _duration_or_off(lowered.get("consumeridletimeout"), "consumerIdleTimeout")
     if idle_timeout_ms is not None and idle_timeout_ms < 1:
         raise SourceError("option 'consumerIdleTimeout' must be positive (or off)")
-    try:
-        drift_ms = parse_optional_duration_ms(lowered.get("maxwatermarkdrift"))
-    except ValueError as error:
-        raise SourceError(f"option 'maxWatermarkDrift': {error} (or off)") from None
-    if drift_ms is not None and drift_ms < 0:
-        raise SourceError("option 'maxWatermarkDrift' must not be negative (or off)")
     return {
         "max_out_of_orderness_ms": out_of_orderness_ms,
         "watermark_delay_ms": delay_ms,
         "late_rule": late_rule,
         "consumer_idle_timeout_ms": idle_timeout_ms,
-        "max_watermark_drift_ms": drift_ms,
+        "max_watermark_drift_ms": _duration_or_off(
+            lowered.get("maxwatermarkdrift"), "maxWatermarkDrift"
+        ),
     }
+
+
+def _duration_or_off(value: str | None, name: str) -> int | None:
+    """The option ``name`` given ``value``: ``off`` (or absent: None) or a duration
+    (never negative)."""
+    try:
+        return parse_optional_duration_ms(value)
+    except ValueError as error:
+        raise SourceError(f"option {name!r}: {error} (or off)") from None
 
 
 def _task_options(lowered: dict[str, str]) -> dict[str, Any]:
