@@ -598,3 +598,17 @@ def test_an_installed_copy_holds_every_module() -> None:
     }
     assert with_modules - installed == set()
     assert "spark_consumer.consume.resources" in installed  # its log4j2 settings, no code
+
+
+def test_a_test_reruns_only_when_sparks_python_worker_missed_its_ten_seconds() -> None:
+    """Every other failure fails the run (docs/decisions.md, "Spark's 10 s for its
+    Python worker"): ``--reruns`` comes with ``--only-rerun`` naming that one message."""
+    import shlex
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    words = shlex.split(options["ini_options"]["addopts"])
+    reruns = [word for word in words if word.startswith("--reruns")]
+    only = [word.split("=", 1)[1] for word in words if word.startswith("--only-rerun")]
+    assert reruns == ["--reruns=1"]
+    assert only == ["Python worker failed to connect back"]
