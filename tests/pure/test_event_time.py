@@ -3,17 +3,21 @@ error (a poison record must not fail a task; issue 21)."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spark_consumer.source.shared import event_time
 from spark_consumer.source.shared.event_time import (
     MAX_EVENT_TIME_MS,
     MIN_EVENT_TIME_MS,
     UnreadableEventTime,
     from_json_field,
     from_timestamp,
+    json_field_time,
 )
 from tests.harness.factories import json_shaped_bytes
 
@@ -91,3 +95,76 @@ def test_the_bounds_are_times_a_spark_timestamp_holds(event_ms: int) -> None:
     pa.array([event_ms * 1000], pa.timestamp("us", tz="UTC"))
     with pytest.raises(UnreadableEventTime, match="out of range"):
         from_json_field(b'{"ts": %d}' % (event_ms + (1 if event_ms > 0 else -1)), "ts")
+
+
+def _standard_reading(value: bytes, field: str) -> int | str:
+    """The module's rules read with the standard library's parser alone: the time, or
+    the reason it is unreadable."""
+    try:
+        return event_time._time_in(event_time._parsed(value), field)
+    except UnreadableEventTime as error:
+        return f"unreadable: {error}"
+
+
+def _reading(value: bytes, field: str) -> int | str:
+    try:
+        return from_json_field(value, field)
+    except UnreadableEventTime as error:
+        return f"unreadable: {error}"
+
+
+_JSON_NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]),
+)
+
+
+@given(
+    st.one_of(
+        json_shaped_bytes(b'"ts"', b"999", b'"2023-11-14T22:13:20Z"', b"18446744073709551616"),
+        st.builds(
+            lambda number, extra: json.dumps({"a": extra, "ts": number}).encode(),
+            st.one_of(_JSON_NUMBERS, st.text(max_size=30), st.booleans(), st.none()),
+            st.recursive(st.none() | _JSON_NUMBERS, lambda inner: st.lists(inner, max_size=3)),
+        ),
+    )
+)
+def test_the_fast_parser_changes_no_time_and_no_reason(value: bytes) -> None:
+    """orjson reads first; where it finds no time, the standard parser's reading (and its
+    reason) is the answer: for any bytes, the same as the standard parser alone."""
+    assert _reading(value, "ts") == _standard_reading(value, "ts")
+    # The readers' call: the same time, or None where a reason is given.
+    reading = _reading(value, "ts")
+    assert json_field_time(value, "ts") == (None if isinstance(reading, str) else reading)
+
+
+def test_integers_past_64_bits_give_the_standard_parsers_reason() -> None:
+    """orjson reads such an integer as a float; the reason still names the integer."""
+    value = b'{"ts": 99999999999999999999999}'
+    assert _reading(value, "ts") == "unreadable: field 'ts' is out of range: " + "9" * 23
+
+
+def test_nesting_is_readable_to_a_fixed_depth_whatever_the_callers_stack() -> None:
+    """orjson's 1,024 levels, not the standard parser's recursion limit (930 to 990
+    levels, with the depth of the caller's stack)."""
+
+    def nested(depth: int) -> bytes:
+        return b'{"ts": 1700000000000, "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+    assert from_json_field(nested(1_000), "ts") == 1_700_000_000_000
+    assert json_field_time(nested(1_000), "ts") == 1_700_000_000_000
+    with pytest.raises(UnreadableEventTime, match="nested too deeply"):
+        from_json_field(nested(1_100), "ts")
+    assert json_field_time(nested(1_100), "ts") is None
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"],
+)
+def test_json_in_any_encoding_the_standard_parser_reads_is_read(encoding: str) -> None:
+    """orjson reads UTF-8 alone; the standard parser reads these too, and decides."""
+    value = ' \n{"ts": 1700000000000}'.encode(encoding)
+    assert from_json_field(value, "ts") == 1_700_000_000_000
+    assert json_field_time(value, "ts") == 1_700_000_000_000

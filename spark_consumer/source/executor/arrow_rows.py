@@ -4,11 +4,13 @@ counts, the rows the job will drop); and the batch's synthetic row."""
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import KafkaError
 
@@ -20,13 +22,24 @@ from spark_consumer.source.shared.event_time import (
     UnreadableEventTime,
     from_json_field,
     from_timestamp,
+    json_field_time,
 )
 from spark_consumer.source.shared.late_rows import DroppedRow, LateRule
 from spark_consumer.source.shared.options import ARROW_SCHEMA, EVENT_TIME, LATE
 from spark_consumer.source.wire.progress import Progress
 
+# An int64 no event time takes (they start at MIN_EVENT_TIME_MS): "none" in an array.
+_NO_TIME = -(2**63)
+assert _NO_TIME < MIN_EVENT_TIME_MS
+
 _partition_of = operator.methodcaller("partition")
 _topic_of = operator.methodcaller("topic")
+_error_of = operator.methodcaller("error")
+_key_of = operator.methodcaller("key")
+_value_of = operator.methodcaller("value")
+_offset_of = operator.methodcaller("offset")
+_timestamp_of = operator.methodcaller("timestamp")
+_headers_of = operator.methodcaller("headers")
 
 
 def runs(messages: list[Any]) -> Iterator[tuple[TopicPartitionKey, list[Any], Any]]:
@@ -34,28 +47,31 @@ def runs(messages: list[Any]) -> Iterator[tuple[TopicPartitionKey, list[Any], An
     offset order) with no error, or one error message with its partition.
 
     Errors are rare: one check over the call, and the slow path only when one is there.
+    Each record's partition and topic are taken in C (``map``), and the runs' bounds
+    found over them as arrays: no Python per record.
     """
     if not messages:
         return
-    if any(message.error() is not None for message in messages):
-        for message in messages:
-            error = message.error()
+    errors = list(map(_error_of, messages))
+    # Not errors.count(None): a KafkaError compared with None raises.
+    if any(map(operator.is_not, errors, itertools.repeat(None))):
+        for message, error in zip(messages, errors, strict=True):
             if error is None:
                 yield (message.topic(), message.partition()), [message], None
             elif error.code() != KafkaError._PARTITION_EOF:
                 yield (message.topic(), message.partition()), [], error
         return
-    first = messages[0]
-    # The common case, one partition in the whole call: told in C (no Python per record).
-    if len(set(map(_partition_of, messages))) == 1 and len(set(map(_topic_of, messages))) == 1:
-        yield (first.topic(), first.partition()), messages, None
-        return
-    keys = [(m.topic(), m.partition()) for m in messages]
-    start = 0
-    for index in range(1, len(keys) + 1):
-        if index == len(keys) or keys[index] != keys[start]:
-            yield keys[start], messages[start:index], None
-            start = index
+    count = len(messages)
+    partitions = np.fromiter(map(_partition_of, messages), np.int64, count)
+    topics = list(map(_topic_of, messages))
+    # A run ends where the partition changes, or (a call over several topics) the topic.
+    starts = np.flatnonzero(partitions[1:] != partitions[:-1]) + 1
+    if topics.count(topics[0]) != count:
+        named = np.array(topics, dtype=object)
+        starts = np.union1d(starts, np.flatnonzero(named[1:] != named[:-1]) + 1)
+    bounds = [0, *starts.tolist(), count]
+    for start, end in itertools.pairwise(bounds):
+        yield (topics[start], int(partitions[start])), messages[start:end], None
 
 
 @dataclass
@@ -81,10 +97,27 @@ class Seen:
         )
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """A batch's numbers as arrays, row by row: what its records say and how they are
+    judged."""
+
+    offsets: np.ndarray
+    kinds: np.ndarray  # librdkafka's timestamp type: 0 none, 1 create time, 2 log append
+    stamp_ms: np.ndarray
+    event_ms: np.ndarray
+    readable: np.ndarray  # the row has an event time: event_ms holds it
+    lates: np.ndarray
+
+
 class RowBuilder:
-    """Column lists for Arrow batches, filled a run of one range at a time, and each
-    range's running progress. Column-wise on purpose: one comprehension per column costs
-    a fraction of one Python call per record (docs/performance.md)."""
+    """Columns for Arrow batches, filled a run of one range at a time, and each range's
+    progress. Column-wise on purpose: a run's fields are taken in C (``map`` over its
+    messages, each column's list extended), and the numbers of a whole batch judged as
+    arrays when it is made (``_settle``): no Python per record unless the event time is
+    in JSON, and no fixed cost per run beyond a few list extends, so many short runs
+    (a record per partition) cost what one long one does (docs/decisions.md, "The
+    reader's columns")."""
 
     def __init__(
         self,
@@ -100,87 +133,127 @@ class RowBuilder:
         self.threshold_ms = threshold_ms
         self.late_rule = late_rule
         self._seen: dict[TopicPartitionKey, Seen] = {}
+        self._topic_names: dict[str, int] = {}
         self._reset()
 
     def _reset(self) -> None:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.topics: list[str] = []
-        self.partitions: list[int] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int | None] = []
-        self.timestamp_types: list[int] = []
         self.headers: list[list[dict[str, Any]] | None] = []
-        self.event_times: list[int | None] = []
-        self.lates: list[bool] = []
+        self._topics: list[int] = []  # indices into _topic_names
+        self._partitions: list[int] = []
+        self._offsets: list[int] = []
+        # librdkafka's (type, ms) of each record, flat: type 0 none, 1 create, 2 append.
+        self._stamps: list[int] = []
+        # Each run's range and length, in order: whose progress its rows count in.
+        self._runs: list[tuple[Seen, int]] = []
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.values)
 
     def seen(self, split: Reading) -> Seen:
-        return self._seen.setdefault((split.topic, split.partition), Seen())
+        """The range's progress over the rows flushed (a task flushes all before it
+        reports its progress)."""
+        assert not self._runs, "rows added and not flushed are not counted yet"
+        return self._seen_by_key((split.topic, split.partition))
+
+    def _seen_by_key(self, key: TopicPartitionKey) -> Seen:
+        return self._seen.setdefault(key, Seen())
 
     def add_many(self, messages: list[Any], split: Reading) -> None:
         """Records of one range, in offset order."""
-        seen = self.seen(split)
-        values = [m.value() for m in messages]
-        stamps = [m.timestamp() for m in messages]
-        offsets = [m.offset() for m in messages]
-        self.keys += [m.key() for m in messages]
+        count = len(messages)
+        values = list(map(_value_of, messages))
+        keys = list(map(_key_of, messages))
+        offsets = list(map(_offset_of, messages))
+        stamps = list(itertools.chain.from_iterable(map(_timestamp_of, messages)))
+        headers = list(map(_headers_of, messages))
+        if headers.count(None) != count:
+            headers = [[{"key": k, "value": v} for k, v in raw] if raw else None for raw in headers]
+        # Every field taken: now the columns grow together.
         self.values += values
-        self.topics += [split.topic] * len(messages)
-        self.partitions += [split.partition] * len(messages)
-        self.offsets += offsets
+        self.keys += keys
+        self.headers += headers
+        self._offsets += offsets
+        self._stamps += stamps
+        self._topics += [self._topic_names.setdefault(split.topic, len(self._topic_names))] * count
+        self._partitions += [split.partition] * count
+        self._runs.append((self._seen_by_key((split.topic, split.partition)), count))
+
+    def flush(self) -> pa.RecordBatch:
+        """The rows added since the last flush as one batch; their progress counted."""
+        if not self._runs:
+            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        stamps = np.array(self._stamps, np.int64)
+        kinds, stamp_ms = stamps[0::2], stamps[1::2]
+        event_ms, readable = self._event_times(self.values, kinds, stamp_ms)
+        # No event time: the row is late (it cannot be placed in event time), counted.
+        lates = ~readable | (event_ms < self.threshold_ms)
+        offsets = np.array(self._offsets, np.int64)
+        judged = _Judged(offsets, kinds, stamp_ms, event_ms, readable, lates)
+        self._count(judged)
+        if self.late_rule is not None and lates.any():
+            self._note_dropped(judged)
         # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 append.
         # A timestamp no Spark timestamp holds (microseconds in an int64) is null.
-        self.timestamps += [
-            ms * 1000 if kind and MIN_EVENT_TIME_MS <= ms <= MAX_EVENT_TIME_MS else None
-            for kind, ms in stamps
-        ]
-        self.timestamp_types += [kind - 1 if kind else 0 for kind, _ in stamps]
-        self.headers += [
-            [{"key": k, "value": v} for k, v in raw] if raw else None
-            for raw in (m.headers() for m in messages)
-        ]
-        event_ms = self._event_times(values, stamps)
-        threshold = self.threshold_ms
-        # No event time: the row is late (it cannot be placed in event time), counted.
-        lates = [ms is None or ms < threshold for ms in event_ms]
-        readable = [ms for ms in event_ms if ms is not None]
-        unreadable = len(event_ms) - len(readable)
-        seen.records += len(messages)
-        seen.unreadable += unreadable
-        seen.late += sum(lates) - unreadable
-        if readable:
-            newest = max(readable)
-            if seen.max_event_ms is None or newest > seen.max_event_ms:
-                seen.max_event_ms = newest
-        seen.max_offset = offsets[-1]
-        self.event_times += [None if ms is None else ms * 1000 for ms in event_ms]
-        self.lates += lates
-        if self.late_rule is not None and any(lates):
-            self._note_dropped(seen, values, stamps, offsets, event_ms)
+        stamped = (kinds != 0) & (stamp_ms >= MIN_EVENT_TIME_MS) & (stamp_ms <= MAX_EVENT_TIME_MS)
+        topics = pa.DictionaryArray.from_arrays(
+            np.array(self._topics, np.int32), pa.array(list(self._topic_names), pa.string())
+        )
+        columns = (
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            topics.cast(pa.string()),
+            np.array(self._partitions, np.int32),
+            offsets,
+            _microseconds(stamp_ms, stamped),
+            np.where(kinds != 0, kinds - 1, 0).astype(np.int32),
+            pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
+            _microseconds(event_ms, readable),
+            lates,
+        )  # in the schema's order, each typed by it
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(column, f.type) for column, f in zip(columns, ARROW_SCHEMA, strict=True)],
+            schema=ARROW_SCHEMA,
+        )
+        self._reset()
+        return batch
 
-    def _note_dropped(
-        self,
-        seen: Seen,
-        values: list[bytes | None],
-        stamps: list[tuple[int, int]],
-        offsets: list[int],
-        event_ms: list[int | None],
-    ) -> None:
-        """The rows the job's aggregation will drop, with why (late_rows.py). Only
-        late rows can be dropped, so only runs that have one come here."""
+    def _count(self, judged: _Judged) -> None:
+        """Each run's rows into its range's progress: sums over the runs' slices."""
+        offsets, event_ms, readable = judged.offsets, judged.event_ms, judged.readable
+        lengths = np.array([count for _, count in self._runs], np.int64)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        readable_counts = np.add.reduceat(readable, starts, dtype=np.int64).tolist()
+        late_counts = np.add.reduceat(judged.lates, starts, dtype=np.int64).tolist()
+        newest = np.maximum.reduceat(np.where(readable, event_ms, _NO_TIME), starts).tolist()
+        last_offsets = offsets[starts + lengths - 1].tolist()
+        for (seen, count), read, late, max_ms, last in zip(
+            self._runs, readable_counts, late_counts, newest, last_offsets, strict=True
+        ):
+            seen.records += count
+            seen.unreadable += count - read
+            seen.late += late - (count - read)
+            if read and (seen.max_event_ms is None or max_ms > seen.max_event_ms):
+                seen.max_event_ms = max_ms
+            seen.max_offset = last
+
+    def _note_dropped(self, judged: _Judged) -> None:
+        """The rows the job's aggregation will drop, with why (late_rows.py), into their
+        ranges' progress. Only late rows can be dropped, so only they are looked at."""
         assert self.late_rule is not None
         threshold = self.threshold_ms
-        for index, ms in enumerate(event_ms):
-            if ms is None:
-                reason = "unreadable: " + self._why_unreadable(values[index], stamps[index])
-            elif self.late_rule.dropped(ms, threshold):
-                reason = "late"
-            else:
-                continue
-            seen.dropped.append(DroppedRow(offsets[index], ms, reason))
+        ends = np.cumsum([count for _, count in self._runs])
+        late_rows = np.flatnonzero(judged.lates)
+        runs_of = np.searchsorted(ends, late_rows, side="right").tolist()
+        for index, run in zip(late_rows.tolist(), runs_of, strict=True):
+            seen, offset = self._runs[run][0], int(judged.offsets[index])
+            if not judged.readable[index]:
+                stamp = (int(judged.kinds[index]), int(judged.stamp_ms[index]))
+                reason = "unreadable: " + self._why_unreadable(self.values[index], stamp)
+                seen.dropped.append(DroppedRow(offset, None, reason))
+            elif self.late_rule.dropped(ms := int(judged.event_ms[index]), threshold):
+                seen.dropped.append(DroppedRow(offset, ms, "late"))
 
     def _why_unreadable(self, value: bytes | None, stamp: tuple[int, int]) -> str:
         try:
@@ -198,44 +271,28 @@ class RowBuilder:
         return "no event time"
 
     def _event_times(
-        self, values: list[bytes | None], stamps: list[tuple[int, int]]
-    ) -> list[int | None]:
+        self, values: list[bytes | None], kinds: np.ndarray, stamp_ms: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each record's event time in ms, and whether it has one."""
         # Past the latest allowed event time (maxEventTimeAhead): unreadable, so that one
         # far-future record moves neither the valve's watermark nor Spark's.
         latest = MAX_EVENT_TIME_MS if self.latest_event_ms is None else self.latest_event_ms
         latest = min(latest, MAX_EVENT_TIME_MS)
         if self.event_time_field is None:
-            return [ms if kind and 0 <= ms <= latest else None for kind, ms in stamps]
-        field_name = self.event_time_field
-        result: list[int | None] = []
-        for value in values:
-            try:
-                event_ms = from_json_field(value, field_name)
-            except UnreadableEventTime:
-                result.append(None)
-                continue
-            result.append(event_ms if event_ms <= latest else None)
-        return result
+            return stamp_ms, (kinds != 0) & (stamp_ms >= 0) & (stamp_ms <= latest)
+        event_ms = np.fromiter(map(self._json_event_ms, values), np.int64, len(values))
+        return event_ms, (event_ms != _NO_TIME) & (event_ms <= latest)
 
-    def flush(self) -> pa.RecordBatch:
-        columns = (
-            self.keys,
-            self.values,
-            self.topics,
-            self.partitions,
-            self.offsets,
-            self.timestamps,
-            self.timestamp_types,
-            self.headers,
-            self.event_times,
-            self.lates,
-        )  # in the schema's order, each typed by it
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(values, f.type) for values, f in zip(columns, ARROW_SCHEMA, strict=True)],
-            schema=ARROW_SCHEMA,
-        )
-        self._reset()
-        return batch
+    def _json_event_ms(self, value: bytes | None) -> int:
+        assert self.event_time_field is not None
+        event_ms = json_field_time(value, self.event_time_field)
+        return _NO_TIME if event_ms is None else event_ms
+
+
+def _microseconds(ms: np.ndarray, known: np.ndarray) -> pa.Array:
+    """A Spark timestamp column: microseconds where ``known``, null elsewhere (where a
+    value may not fit in microseconds at all)."""
+    return pa.array(np.where(known, ms, 0) * 1000, pa.timestamp("us", tz="UTC"), mask=~known)
 
 
 def synthetic_batch(planned_watermark_ms: int, watermark_delay_ms: int) -> pa.RecordBatch:
