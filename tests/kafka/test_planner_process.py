@@ -33,7 +33,9 @@ def test_the_planner_process_freezes_its_objects_once_after_its_first_plan(
     assert frozen > 0
     later = [{"made": i} for i in range(1_000)]  # a later plan's objects
     planner_process.settled()
-    assert gc.get_freeze_count() == frozen  # once: later plans' objects stay collectable
+    # Once: later plans' objects stay collectable. Frozen objects freed since (by other
+    # threads too) leave the count; only a second freeze would raise it.
+    assert gc.get_freeze_count() <= frozen
     assert later
 
 

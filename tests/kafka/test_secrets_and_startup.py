@@ -53,6 +53,11 @@ class Case:
     settings: dict[str, str]
     secrets: list[str]
     named: str
+    # Other words librdkafka may name the same failure with, as the race falls.
+    also: tuple[str, ...] = ()
+
+    def names(self, text: str) -> bool:
+        return any(words in text for words in (self.named, *self.also))
 
 
 def _pem(kind: str, body: str) -> str:
@@ -109,6 +114,9 @@ def _cases() -> dict[str, Case]:
             {"security.protocol": "SSL", "ssl.key.password": secret["kp"]},
             [secret["kp"]],
             "SSL handshake failed",
+            # The plaintext listener's close can come before the client reads its answer
+            # as a failed handshake (seen under load).
+            also=("in state SSL_HANDSHAKE",),
         ),
         "ssl.keystore.password": Case(
             {"security.protocol": "SSL", "ssl.keystore.location": "/nonexistent/client.p12"}
@@ -164,7 +172,7 @@ def test_status_and_finish_name_the_problem_and_show_no_secret(
         assert result.returncode in (1, 2), output
         assert _shown(output, chosen) == [], output
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and chosen.named in lines[0], output
+        assert len(lines) == 1 and chosen.names(lines[0]), output
 
 
 def test_emit_names_the_problem_and_shows_no_secret_in_its_log_or_http_answers(
@@ -186,7 +194,7 @@ def test_emit_names_the_problem_and_shows_no_secret_in_its_log_or_http_answers(
         )
         try:
             wait_until(
-                lambda: chosen.named in log.read_text() or process.poll() is not None,
+                lambda: chosen.names(log.read_text()) or process.poll() is not None,
                 DEADLINE_S,
                 f"emit naming {chosen.named!r}",
             )
@@ -200,7 +208,7 @@ def test_emit_names_the_problem_and_shows_no_secret_in_its_log_or_http_answers(
                 process.wait()
     text = log.read_text()
     assert "Traceback" not in text, text
-    assert chosen.named in text, text
+    assert chosen.names(text), text
     assert _shown(text + served, chosen) == [], text + served
     assert process.returncode in (0, 2), text
 
