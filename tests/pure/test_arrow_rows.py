@@ -217,6 +217,17 @@ def test_an_empty_flush_is_an_empty_batch_of_the_schema() -> None:
     assert batch.schema == ARROW_SCHEMA
 
 
+def test_an_empty_run_adds_nothing_and_counts_in_no_range() -> None:
+    builder = RowBuilder(None, BASE_MS)
+    builder.add_many([], Reading("a", 0, 0, 10))
+    record = Record("a", 1, 8, (1, BASE_MS), b"v", None, None)
+    builder.add_many([record.message()], Reading("a", 1, 0, 10))
+    assert builder.flush().num_rows == 1
+    assert builder.seen(Reading("a", 0, 0, 10)).max_offset == -1
+    assert builder.seen(Reading("a", 0, 0, 10)).records == 0
+    assert builder.seen(Reading("a", 1, 0, 10)).max_offset == 8
+
+
 @given(record_runs())
 def test_a_consume_calls_messages_fall_into_runs_of_one_partition_in_order(
     drawn: list[list[Record]],

@@ -166,6 +166,8 @@ class RowBuilder:
     def add_many(self, messages: list[Any], split: Reading) -> None:
         """Records of one range, in offset order."""
         count = len(messages)
+        if not count:
+            return  # a run is never empty: the sums over runs' slices count on it
         values = list(map(_value_of, messages))
         keys = list(map(_key_of, messages))
         offsets = list(map(_offset_of, messages))
