@@ -1,6 +1,7 @@
-"""A reader task's rows as Arrow batches, built a run of one range's records at a time,
-with each range's running progress (records, newest event time, late and unreadable
-counts, the rows the job will drop); and the batch's synthetic row."""
+"""A reader task's rows as Arrow batches, gathered a run of one range's records at a
+time, and each range's progress (records, newest event time, late and unreadable counts,
+the rows the job will drop), counted as each batch is made; and the batch's synthetic
+row."""
 
 from __future__ import annotations
 
