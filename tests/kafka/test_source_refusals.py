@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import (
     AclBinding,
     AdminClient,
@@ -229,23 +229,6 @@ def test_a_driver_whose_certificate_the_broker_refuses_ends_the_query_in_one_lin
     assert certificates.password not in line
 
 
-class _Event:
-    """A consumer's error event as confluent-kafka gives it, for no topic or partition
-    of a range: client-wide."""
-
-    def __init__(self, error: KafkaError) -> None:
-        self._error = error
-
-    def error(self) -> KafkaError:
-        return self._error
-
-    def topic(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return 0
-
-
 class _RefusedGroup:
     """A reader's consumer whose group the principal may not describe: librdkafka's
     FindCoordinator error, as the secured node gives it, as the first event."""
@@ -261,7 +244,8 @@ class _RefusedGroup:
                 KafkaError.GROUP_AUTHORIZATION_FAILED,
                 "FindCoordinator response error: Group authorization failed.",
             )
-            return [_Event(refused)]
+            # A client-wide error event, as confluent-kafka gives it: no topic, no partition.
+            return [Message(error=refused)]
         return list(self.real.consume(num_messages=num_messages, timeout=timeout))
 
     def __getattr__(self, name: str) -> Any:
