@@ -222,6 +222,10 @@ def _written_and_watched(
             topics=[data],
             control_topic=control,
             idle_timeout_ms=idle_timeout_ms,
+            # Its membership in the emitters' group outlasts a killed group coordinator
+            # (the group moves once the controller fences the node): one term, one epoch
+            # throughout, unless the whole cluster stays away longer than this.
+            session_timeout_ms=60_000,
         )
         # A trigger of 1 s: the job shares two cores with three brokers and the emitter.
         # Reads and progress writes wait out a whole-cluster outage (readTimeoutMs and
