@@ -37,6 +37,25 @@ pytest_plugins = ["tests.harness.secured"]
 INTEGRATION_FOLDERS = {"kafka", "spark", "cluster"}
 
 
+# The order the folders run in: the longest files first, so that under ``make test``'s
+# two processes (pytest-xdist, a file to a process) the many short tests of ``pure``
+# fill the end instead of one process running a long Spark file alone.
+FOLDER_ORDER = {"spark": 0, "cluster": 1, "kafka": 2, "pure": 3}
+# Files of a minute or more of one test (SIGKILLs and restarts of Spark jobs): first.
+LONGEST_FILES = {
+    "test_consume_command.py",
+    "test_consume_backfill.py",
+    "test_examples.py",
+    "test_demo.py",
+    "test_cluster_faults.py",
+}
+
+
+def _run_order(item: pytest.Item) -> tuple[int, bool]:
+    path = Path(str(item.fspath))
+    return FOLDER_ORDER.get(path.parent.name, 0), path.name not in LONGEST_FILES
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.fspath)).parent.name
@@ -44,6 +63,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if folder == "cluster":
             item.add_marker(pytest.mark.cluster)
+    # (A stable sort: each file's tests keep their order.)
+    items.sort(key=_run_order)
 
 
 # Everything not here is Apache Kafka's default.

@@ -361,6 +361,16 @@ def test_every_test_sits_in_a_folder_by_what_it_starts() -> None:
     assert not list((TESTS / "harness").glob("test_*.py"))
 
 
+def test_the_run_order_names_every_folder_and_only_files_there_are() -> None:
+    """make test's two processes start with the longest files (tests/conftest.py): a
+    file renamed would fall back to its folder's place, and a new folder would run first."""
+    from tests.conftest import FOLDER_ORDER, LONGEST_FILES
+
+    assert set(FOLDER_ORDER) == TEST_FOLDERS
+    there = {path.name for path in TESTS.rglob("test_*.py")}
+    assert not LONGEST_FILES - there, sorted(LONGEST_FILES - there)
+
+
 def test_no_test_imports_another_test() -> None:
     wrong = {
         f"{path.relative_to(ROOT)} imports {name}"
