@@ -58,7 +58,7 @@ typecheck: $(STAMP)
 
 # Every test: tests/pure, tests/kafka, tests/spark, tests/cluster.
 all-tests: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP) $(JARS)
 	$(BIN)/python -m bench.valve_bench

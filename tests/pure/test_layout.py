@@ -367,6 +367,8 @@ def test_the_run_order_names_every_folder_and_only_files_there_are() -> None:
     from tests.conftest import FOLDER_ORDER, LONGEST_FILES
 
     assert set(FOLDER_ORDER) == TEST_FOLDERS
+    # (pytest-xdist would otherwise start the files with the most tests.)
+    assert "--no-loadscope-reorder" in (ROOT / "Makefile").read_text()
     there = {path.name for path in TESTS.rglob("test_*.py")}
     assert not LONGEST_FILES - there, sorted(LONGEST_FILES - there)
 
