@@ -43,8 +43,10 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, nargs="+", default=[300, 1_000])
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
-    if max(args.partitions) > MAX_PARTITIONS_PER_TOPIC:
-        parser.error(f"--partitions: one topic, at most {MAX_PARTITIONS_PER_TOPIC:,}")
+    if not all(1 <= p <= MAX_PARTITIONS_PER_TOPIC for p in args.partitions):
+        parser.error(f"--partitions: one topic, of 1 to {MAX_PARTITIONS_PER_TOPIC:,}")
+    if args.calls < 1:
+        parser.error("--calls: at least 1")
     print("| partitions | request | wall ms | CPU ms |\n|---:|---|---:|---:|", flush=True)
     with KafkaBroker() as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})

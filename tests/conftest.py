@@ -51,6 +51,28 @@ LONGEST_FILES = {
 }
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """make test's two processes (``--dist loadfile``) take a file whole, with its module
+    fixtures made once, and the cluster folder whole: never two three-node clusters at
+    once on two cores (its tests are written for one beside Spark). (xdist's own
+    ``loadgroup`` does not group under pytest 9: the group it appends to a test's id
+    does not reach the id.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class FilesAndTheClusterFolder(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return (
+                CLUSTER_SCOPE if nodeid.startswith(CLUSTER_SCOPE) else super()._split_scope(nodeid)
+            )
+
+    return FilesAndTheClusterFolder(config, log)
+
+
+CLUSTER_SCOPE = "tests/cluster/"
+
+
 def _run_order(item: pytest.Item) -> tuple[int, bool]:
     path = Path(str(item.fspath))
     return FOLDER_ORDER.get(path.parent.name, 0), path.name not in LONGEST_FILES

@@ -203,10 +203,15 @@ class Scene:
 
 @contextlib.contextmanager
 def _written_and_watched(
-    cluster: KafkaCluster, idle_timeout_ms: int, spark: SparkSession, tmp: Path
+    cluster: KafkaCluster,
+    idle_timeout_ms: int,
+    spark: SparkSession,
+    tmp: Path,
+    session_timeout_ms: int = 10_000,
 ) -> Iterator[Scene]:
     """The scene, once the quiet partition is IDLE@0; its writer, emitter and job
-    stopped when the block ends, also when it fails."""
+    stopped when the block ends, also when it fails. ``session_timeout_ms``: the
+    emitter's session in the emitters' group (the emitter's default unless given)."""
     bootstrap = cluster.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": bootstrap})
     data = replicated_topic(admin, partitions=2)
@@ -222,10 +227,7 @@ def _written_and_watched(
             topics=[data],
             control_topic=control,
             idle_timeout_ms=idle_timeout_ms,
-            # Its membership in the emitters' group outlasts a killed group coordinator
-            # (the group moves once the controller fences the node): one term, one epoch
-            # throughout, unless the whole cluster stays away longer than this.
-            session_timeout_ms=60_000,
+            session_timeout_ms=session_timeout_ms,
         )
         # A trigger of 1 s: the job shares two cores with three brokers and the emitter.
         # Reads and progress writes wait out a whole-cluster outage (readTimeoutMs and
@@ -262,7 +264,10 @@ def test_markers_and_windows_are_exact_through_a_killed_data_leader_and_control_
     cluster = all_nodes_running
     # Partition 0 receives a record every 100 ms throughout: it must never be IDLE
     # before the writer stops, whatever the requests for it meet. Partition 1 is quiet.
-    with _written_and_watched(cluster, 15_000, spark, tmp_path) as scene:
+    # The emitter's membership in its group outlasts a killed group coordinator (the
+    # group moves once the controller fences the node): one term, one epoch throughout.
+    # (CI saw the default 10 s run out while the coordinator moved: a second term.)
+    with _written_and_watched(cluster, 15_000, spark, tmp_path, 60_000) as scene:
         admin, data, control, writer = scene.admin, scene.data, scene.control, scene.writer
         running = scene.running
         assert in_sync(admin, control) == {3}  # the emitter made it with 3 replicas

@@ -67,16 +67,17 @@ def test_a_taken_controller_port_fails_clearly_before_anything_starts(broker: Ka
     assert not node.running and node.log_dir is None
 
 
-def test_a_failed_format_leaves_no_temporary_directory() -> None:
-    def ours() -> set[Path]:
-        return set(Path(tempfile.gettempdir()).glob("slackwater-kafka-*"))
-
-    before = ours()
+def test_a_failed_format_leaves_no_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node's temporary directory is made in this test's own (make test's other
+    # process starts and ends brokers in the machine's at any moment).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     node = KafkaBroker()
     node.format_arguments = ["--no-such-option"]
     with pytest.raises(BrokerError, match=r"formatting .* failed"):
         node.launch()
-    assert node.log_dir is None and ours() == before
+    assert node.log_dir is None and list(tmp_path.glob("slackwater-kafka-*")) == []
 
 
 def _start_cli(port: int, *extra: str) -> tuple[subprocess.Popen[str], str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -367,10 +368,40 @@ def test_the_run_order_names_every_folder_and_only_files_there_are() -> None:
     from tests.conftest import FOLDER_ORDER, LONGEST_FILES
 
     assert set(FOLDER_ORDER) == TEST_FOLDERS
-    # (pytest-xdist would otherwise start the files with the most tests.)
-    assert "--no-loadscope-reorder" in (ROOT / "Makefile").read_text()
+    # (pytest-xdist would otherwise start the groups with the most tests.)
+    assert "--dist loadfile --no-loadscope-reorder" in (ROOT / "Makefile").read_text()
     there = {path.name for path in TESTS.rglob("test_*.py")}
     assert not LONGEST_FILES - there, sorted(LONGEST_FILES - there)
+
+
+def test_make_tests_processes_take_a_file_whole_and_the_cluster_folder_whole() -> None:
+    """tests/conftest.py's scheduler: one unit per file, one for every cluster file."""
+    from tests.conftest import pytest_xdist_make_scheduler
+
+    class Config:  # what the scheduler reads of pytest's, for make test's options
+        option = SimpleNamespace(loadscopereorder=False, maxschedchunk=None)
+
+        def getvalue(self, name: str) -> object:
+            return {"dist": "loadfile", "tx": ["2*popen"]}.get(name)
+
+    scheduler = pytest_xdist_make_scheduler(Config(), None)  # type: ignore[arg-type]
+    scopes = {
+        node: scheduler._split_scope(node)
+        for node in (
+            "tests/cluster/test_kafka_cluster.py::test_a",
+            "tests/cluster/test_cluster_faults.py::test_b[True]",
+            "tests/spark/test_demo.py::test_c",
+            "tests/spark/test_demo.py::test_d",
+            "tests/pure/test_valve.py::test_e",
+        )
+    }
+    assert list(scopes.values()) == [
+        "tests/cluster/",
+        "tests/cluster/",
+        "tests/spark/test_demo.py",
+        "tests/spark/test_demo.py",
+        "tests/pure/test_valve.py",
+    ]
 
 
 def test_no_test_imports_another_test() -> None:

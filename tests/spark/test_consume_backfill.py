@@ -127,17 +127,20 @@ def test_a_backfill_stopped_before_it_ended_exits_1_saying_so(
     log = tmp_path / "consume.log"
     process = _backfill(broker.bootstrap_servers, topic, control, tmp_path, log, "--backfill")
     checkpoint = tmp_path / "checkpoint" / "windows"
+
+    def in_flight() -> set[int]:
+        return batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits")
+
     try:
-        wait_while_running(
-            lambda: batch_ids(checkpoint, "offsets") - batch_ids(checkpoint, "commits"),
-            600,
-            "a batch in flight",
-            process,
-            log,
-        )
-        with frozen(process) as stopped:  # the run cannot end while the signal is sent
-            assert stopped
-            process.send_signal(signal.SIGTERM)  # the driver alone, as a supervisor does
+        # SIGTERM while every thread is stopped with a batch in flight (the run cannot end
+        # while the signal is sent); a look whose threads did not all stop is made again.
+        signalled = False
+        while not signalled:
+            wait_while_running(in_flight, 600, "a batch in flight", process, log)
+            with frozen(process) as stopped:
+                if stopped and in_flight():
+                    process.send_signal(signal.SIGTERM)  # the driver alone, as a supervisor
+                    signalled = True
         assert process.wait(120) == 1, log.read_text()[-3000:]
     finally:
         if process.poll() is None:
